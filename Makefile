@@ -1,0 +1,46 @@
+# Ringmaster: `make run` starts the portal, `make test` runs the tests. Both install what they need.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+# The tests use their own database and Redis database, whatever DATABASE_URL/REDIS_URL say.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/ringmaster
+TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
+
+.PHONY: install run test test-services bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, alone: `pip install torch==2.13.0` takes the local CPU build, never the CUDA one.
+$(STAMP): requirements.txt deploy/install-horovod.sh | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt
+	deploy/install-horovod.sh $(PY)
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	@echo
+	@echo "Ringmaster is starting at http://$(HOST):$(PORT)/  (Ctrl-C stops it)"
+	@echo
+	RINGMASTER_HOST=$(HOST) RINGMASTER_PORT=$(PORT) $(VENV)/bin/honcho -f deploy/Procfile -d . start
+
+test-services:
+	tests/services.sh
+
+test: install test-services
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install test-services
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) var

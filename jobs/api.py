@@ -1,0 +1,154 @@
+"""REST API under /api/ (contract in DESIGN.md). Another user's job is 404, never 403."""
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import services
+from .forms import JobForm, ScriptUploadForm, visible_scripts
+from .models import Image, Job, LogLine, MetricPoint
+from .serializers import (
+    ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
+    ScriptSerializer, ScriptUploadRequest, rank_label,
+)
+
+MAX_LOG_LIMIT = 10000
+
+
+def form_errors(form):
+    """{"field": ["message", ...]}, with form-wide errors under "non_field_errors"."""
+    return {("non_field_errors" if name == "__all__" else name): list(messages)
+            for name, messages in form.errors.items()}
+
+
+def visible_jobs(user):
+    jobs = Job.objects.select_related("owner", "image", "script")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def get_job(request, job_id):
+    return get_object_or_404(visible_jobs(request.user), pk=job_id)
+
+
+class ImageList(APIView):
+    @extend_schema(responses=ImageSerializer(many=True))
+    def get(self, request):
+        return Response(ImageSerializer(Image.objects.filter(enabled=True), many=True).data)
+
+
+class ScriptList(APIView):
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(responses=ScriptSerializer(many=True))
+    def get(self, request):
+        return Response(ScriptSerializer(visible_scripts(request.user), many=True).data)
+
+    @extend_schema(request={"multipart/form-data": ScriptUploadRequest}, responses={201: ScriptSerializer})
+    def post(self, request):
+        form = ScriptUploadForm(data=request.data, files=request.FILES)
+        if not form.is_valid():
+            return Response(form_errors(form), status=status.HTTP_400_BAD_REQUEST)
+        script = services.store_script(request.user, form.cleaned_data["file"])
+        return Response(ScriptSerializer(script).data, status=status.HTTP_201_CREATED)
+
+
+class JobList(APIView):
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+
+    @extend_schema(responses=JobSerializer(many=True),
+                   parameters=[OpenApiParameter("state", str, description="Only jobs in this state.")])
+    def get(self, request):
+        jobs = visible_jobs(request.user)
+        if request.query_params.get("state"):
+            jobs = jobs.filter(state=request.query_params["state"].upper())
+        if request.query_params.get("mine") and request.user.is_staff:
+            jobs = jobs.filter(owner=request.user)
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        return paginator.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
+
+    @extend_schema(request=JobCreateRequest, responses={201: JobSerializer})
+    def post(self, request):
+        if not hasattr(request.data, "get"):
+            return Response({"non_field_errors": ["Send a JSON object."]}, status=status.HTTP_400_BAD_REQUEST)
+        form = JobForm(data=request.data, user=request.user)
+        if not form.is_valid():
+            return Response(form_errors(form), status=status.HTTP_400_BAD_REQUEST)
+        job = services.submit(request.user, form)
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+
+class JobDetail(APIView):
+    @extend_schema(responses=JobDetailSerializer)
+    def get(self, request, job_id):
+        job = get_job(request, job_id)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
+
+
+class JobCancel(APIView):
+    @extend_schema(request=None, responses={202: JobSerializer, 409: dict})
+    def post(self, request, job_id):
+        job = get_job(request, job_id)
+        try:
+            job = services.cancel(job, by=request.user)
+        except services.CannotCancel as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+
+
+def parse_rank(value):
+    """A rank filter: a number, or "launcher" for the launcher's own lines."""
+    if value in (None, ""):
+        return ...
+    if value == "launcher":
+        return None
+    if value.isdigit():
+        return int(value)
+    raise ValueError
+
+
+class JobLogs(APIView):
+    @extend_schema(parameters=[
+        OpenApiParameter("since", int, description="Return lines with seq greater than this (default: from the start)."),
+        OpenApiParameter("rank", str, description='A rank number, or "launcher".'),
+        OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT})."),
+    ])
+    def get(self, request, job_id):
+        job = get_job(request, job_id)
+        errors = {}
+        try:
+            since = int(request.query_params.get("since", -1))
+        except ValueError:
+            errors["since"] = ["Must be an integer."]
+        try:
+            limit = int(request.query_params.get("limit", 1000))
+            if not 1 <= limit <= MAX_LOG_LIMIT:
+                raise ValueError
+        except ValueError:
+            errors["limit"] = [f"Must be an integer from 1 to {MAX_LOG_LIMIT}."]
+        try:
+            rank = parse_rank(request.query_params.get("rank"))
+        except ValueError:
+            errors["rank"] = ['Must be a rank number or "launcher".']
+        if errors:
+            return Response(errors, status=status.HTTP_400_BAD_REQUEST)
+        lines = LogLine.objects.filter(job=job, seq__gt=since)
+        if rank is not ...:
+            lines = lines.filter(rank=rank)
+        page = list(lines.order_by("seq")[:limit])
+        next_seq = page[-1].seq if page else since
+        return Response({"lines": LogLineSerializer(page, many=True).data, "next": next_seq})
+
+
+class JobMetrics(APIView):
+    def get(self, request, job_id):
+        job = get_job(request, job_id)
+        series = {}
+        for point in MetricPoint.objects.filter(job=job).order_by("name", "step", "id"):
+            series.setdefault(point.name, []).append(
+                {"rank": rank_label(point.rank), "step": point.step, "value": point.value, "ts": point.ts}
+            )
+        return Response({"series": series})

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from . import api
+
+urlpatterns = [
+    path("images/", api.ImageList.as_view(), name="api-images"),
+    path("scripts/", api.ScriptList.as_view(), name="api-scripts"),
+    path("jobs/", api.JobList.as_view(), name="api-jobs"),
+    path("jobs/<int:job_id>/", api.JobDetail.as_view(), name="api-job"),
+    path("jobs/<int:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
+    path("jobs/<int:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
+    path("jobs/<int:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
+]

@@ -1,0 +1,27 @@
+"""Which runner runs a job, and the plain JobSpec it gets (runners never see the database)."""
+from django.conf import settings
+
+from runners.base import JobSpec
+from runners.local import LocalRunner
+
+from .models import Backend
+
+
+def runner_for(job):
+    if job.backend == Backend.LOCAL:
+        return LocalRunner(settings.RINGMASTER_JOBS_DIR)
+    raise ValueError(f"backend {job.backend!r} is not available")
+
+
+def job_spec(job):
+    return JobSpec(
+        job_id=job.pk,
+        gpus=job.gpus,
+        python=job.image.python,
+        script_name=job.script.name if job.script_id else "",
+        script_content=job.script.content if job.script_id else None,
+        script_path=job.script_path or None,
+        args=tuple(job.args),
+        env=dict(job.env),
+        time_limit_seconds=job.time_limit_minutes * 60,
+    )

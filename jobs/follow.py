@@ -1,0 +1,236 @@
+"""Running a job to its end: launch, follow its output into the database, finish it.
+
+A follower claims a job (Job.follower, refreshed by a heartbeat). If its worker dies, the claim
+goes stale and reconcile() starts a new follower, which re-attaches where the stored output ends
+(runners are idempotent, the log store is a compare-and-set), so nothing is lost or repeated.
+"""
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from runners.base import Exited, Output
+from runners.output import OutputSplitter
+
+from . import states
+from .backends import job_spec, runner_for
+from .logstore import append_output, last_lines
+from .models import ACTIVE_STATES, Job, State
+
+log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = 2
+
+
+def follower_id():
+    return f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
+
+
+def _stale_before():
+    return timezone.now() - timedelta(seconds=settings.RINGMASTER_FOLLOWER_STALE_SECONDS)
+
+
+def _dead_here(follower):
+    """True if `follower` ran on this host in a process that no longer exists."""
+    host, _, rest = follower.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def claim(job_id, me):
+    """Take the job for follower `me` unless a live follower holds it."""
+    active = Job.objects.filter(pk=job_id, state__in=ACTIVE_STATES)
+    free = Q(follower="") | Q(follower_heartbeat__lt=_stale_before()) | Q(follower_heartbeat__isnull=True)
+    if active.filter(free).update(follower=me, follower_heartbeat=timezone.now()):
+        return True
+    holder = active.values_list("follower", flat=True).first()
+    if holder and _dead_here(holder):
+        return active.filter(follower=holder).update(follower=me, follower_heartbeat=timezone.now()) == 1
+    return False
+
+
+def still_mine(job_id, me):
+    return Job.objects.filter(pk=job_id, follower=me).exists()
+
+
+def heartbeat(job_id, me):
+    return Job.objects.filter(pk=job_id, follower=me).update(follower_heartbeat=timezone.now()) == 1
+
+
+def release(job_id, me):
+    Job.objects.filter(pk=job_id, follower=me).update(follower="", follower_heartbeat=None)
+
+
+def run(job_id):
+    """Launch (if needed) and follow one job until it ends. Safe to call more than once."""
+    me = follower_id()
+    if not claim(job_id, me):
+        log.info("job %s: not active or followed elsewhere", job_id)
+        return
+    try:
+        _run(job_id, me)
+    finally:
+        release(job_id, me)
+
+
+def _run(job_id, me):
+    job = Job.objects.select_related("image", "script").get(pk=job_id)
+    runner, spec = runner_for(job), job_spec(job)
+    if job.state == State.LAUNCHING:
+        if job.cancel_requested:
+            states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
+            return
+        try:
+            started = runner.launch(spec)
+        except Exception as exc:
+            log.exception("job %s: launch failed", job_id)
+            states.transition(job_id, State.FAILED, expect={State.LAUNCHING}, reason=f"launch failed: {exc}"[:500])
+            _after_end()
+            return
+        states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
+    _follow(job_id, me, runner, spec)
+
+
+def _follow(job_id, me, runner, spec):
+    job = Job.objects.get(pk=job_id)
+    splitter = OutputSplitter(state=job.output_state or None)
+    offset = job.output_offset
+    lost = False
+    next_check = 0.0
+    stop_reason = None
+
+    def should_stop():
+        return lost
+
+    for event in runner.follow(spec, offset, should_stop):
+        if isinstance(event, Output):
+            lines = splitter.feed(event.data)
+            end = event.offset + len(event.data)
+            if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me):
+                lost = True
+                break
+        elif isinstance(event, Exited):
+            lines = splitter.finish()
+            job = Job.objects.get(pk=job_id)
+            if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
+                                           splitter.state(), follower=me):
+                lost = True
+                break
+            finish(job_id, event, stop_reason)
+            return
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
+            if not heartbeat(job_id, me):
+                lost = True
+                break
+            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes").get(pk=job_id)
+            if job.cancel_requested and stop_reason is None:
+                stop_reason = "cancel"
+                runner.cancel(spec)
+            elif stop_reason is None and job.started_at and timezone.now() - job.started_at > timedelta(
+                minutes=job.time_limit_minutes
+            ):
+                stop_reason = f"time limit of {job.time_limit_minutes} minutes exceeded"
+                runner.cancel(spec)
+    if lost:
+        log.warning("job %s: another follower took over; this one stops", job_id)
+
+
+def finish(job_id, exited, stop_reason=None):
+    """Record how the job ended. Idempotent: only an active job is moved."""
+    job = Job.objects.get(pk=job_id)
+    if job.cancel_requested or stop_reason == "cancel":
+        states.transition(job_id, State.CANCELLED, expect=ACTIVE_STATES, message="stopped: every process ended")
+    elif stop_reason:
+        states.transition(job_id, State.FAILED, expect=ACTIVE_STATES, reason=stop_reason,
+                          exit_code=exited.code)
+    elif exited.code == 0:
+        states.transition(job_id, State.SUCCEEDED, expect=ACTIVE_STATES, exit_code=0, message=exited.detail)
+    else:
+        states.transition(job_id, State.FAILED, expect=ACTIVE_STATES, **_failure(job, exited))
+    _after_end()
+
+
+def _failure(job, exited):
+    """Exit code, failing rank and a reason naming the rank and its last words."""
+    if job.failed_rank is not None:
+        tail = last_lines(job, rank=job.failed_rank, count=1)
+        reason = f"rank {job.failed_rank} exited with code {job.exit_code}"
+        if tail:
+            reason += f": {tail[-1]}"
+        return {"exit_code": job.exit_code, "failed_rank": job.failed_rank, "reason": reason[:500]}
+    if exited.code is None:
+        return {"reason": exited.detail or "the launcher disappeared"}
+    tail = last_lines(job, rank=None, count=1)
+    reason = f"horovodrun exited with code {exited.code}" + (f": {tail[-1]}" if tail else "")
+    return {"exit_code": exited.code, "reason": reason[:500]}
+
+
+def _after_end():
+    """Capacity freed: let the scheduler admit what waits."""
+    from .tasks import dispatch
+
+    transaction.on_commit(lambda: dispatch.delay())
+
+
+def stop(job_id):
+    """Stop every process of a job whose cancel was requested (the follower finishes it)."""
+    job = Job.objects.select_related("image", "script").get(pk=job_id)
+    if job.is_terminal or not job.cancel_requested:
+        return
+    if job.state == State.LAUNCHING and not job.follower:
+        states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
+        return
+    runner_for(job).cancel(job_spec(job))
+    # If no live follower holds the job, follow it here to its end (it ends at once).
+    run(job_id)
+
+
+def orphaned_jobs():
+    """Active jobs whose follower stopped reporting, or died on this host."""
+    active = Job.objects.filter(state__in=ACTIVE_STATES)
+    stale = active.filter(Q(follower_heartbeat__lt=_stale_before()) | Q(follower_heartbeat__isnull=True))
+    dead_here = [job.pk for job in active.exclude(follower="") if _dead_here(job.follower)]
+    return active.filter(Q(pk__in=stale.values("pk")) | Q(pk__in=dead_here))
+
+
+def _launching_since(job):
+    event = job.events.filter(state=State.LAUNCHING).order_by("-ts").first()
+    return event.ts if event else job.created_at
+
+
+def reconcile():
+    """After any crash or restart: re-attach to running jobs, fail hung launches, admit.
+
+    Returns the ids of the jobs that were handed to a new follower.
+    """
+    from .services import admit_queued
+    from .tasks import run_job
+
+    timeout = settings.RINGMASTER_LAUNCH_TIMEOUT_SECONDS
+    reattached = []
+    for job in orphaned_jobs():
+        if job.state == State.LAUNCHING and _launching_since(job) < timezone.now() - timedelta(seconds=timeout):
+            states.transition(job.pk, State.FAILED, expect={State.LAUNCHING},
+                              reason=f"the launch did not start within {timeout} s")
+            continue
+        # Hold the job for the new follower, so the next reconcile does not send another.
+        Job.objects.filter(pk=job.pk, follower=job.follower).update(follower="", follower_heartbeat=timezone.now())
+        run_job.delay(job.pk)
+        reattached.append(job.pk)
+    admit_queued()
+    return reattached

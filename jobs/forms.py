@@ -1,0 +1,278 @@
+"""Validation of everything a user submits. One path for the HTML form, the API and the CLI.
+
+JobForm takes API-shaped data (args a list, env a mapping); JobPageForm, the browser's form,
+accepts the same fields typed as text (args split like a command line, env as KEY=VALUE lines)
+and turns them into the same shapes before the same checks run.
+"""
+import hashlib
+import re
+import shlex
+
+from django import forms
+from django.conf import settings
+from django.db.models import Q
+
+from .models import Backend, Image, Script
+
+MAX_SCRIPT_BYTES = 1024 * 1024
+MAX_ARGS = 1000
+MAX_ARG_CHARS = 8192
+MAX_ENV = 500
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_ENV_PREFIX = "RINGMASTER_"
+IMPLEMENTED_BACKENDS = {Backend.LOCAL}
+
+
+def _no_nul(value, what):
+    if "\x00" in value:
+        raise forms.ValidationError(f"{what} must not contain NUL bytes.")
+
+
+class StringListField(forms.Field):
+    """A list of strings (API), or a command-line-like string split by shlex (browser form)."""
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return []
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise forms.ValidationError(f"Could not split the arguments: {exc}.")
+        if not isinstance(value, (list, tuple)):
+            raise forms.ValidationError("Must be a list of strings.")
+        for item in value:
+            if not isinstance(item, str):
+                raise forms.ValidationError("Must be a list of strings.")
+        return list(value)
+
+    def validate(self, value):
+        super().validate(value)
+        if len(value) > MAX_ARGS:
+            raise forms.ValidationError(f"At most {MAX_ARGS} arguments.")
+        for item in value:
+            _no_nul(item, "An argument")
+            if len(item) > MAX_ARG_CHARS:
+                raise forms.ValidationError(f"An argument is longer than {MAX_ARG_CHARS} characters.")
+
+
+class StringMapField(forms.Field):
+    """A mapping of names to strings (API), or KEY=VALUE lines (browser form)."""
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return {}
+        if isinstance(value, str):
+            mapping = {}
+            for number, line in enumerate(value.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                if "=" not in line:
+                    raise forms.ValidationError(f"Line {number}: expected NAME=value.")
+                name, _, val = line.partition("=")
+                mapping[name.strip()] = val
+            return mapping
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Must be an object mapping names to strings.")
+        for name, val in value.items():
+            if not isinstance(val, str):
+                raise forms.ValidationError(f"The value of {name} must be a string.")
+        return dict(value)
+
+    def validate(self, value):
+        super().validate(value)
+        if len(value) > MAX_ENV:
+            raise forms.ValidationError(f"At most {MAX_ENV} variables.")
+        for name, val in value.items():
+            if not ENV_NAME.match(name):
+                raise forms.ValidationError(
+                    f"{name!r} is not a valid variable name (letters, digits and _, not starting with a digit)."
+                )
+            if name.upper().startswith(RESERVED_ENV_PREFIX):
+                raise forms.ValidationError(f"{name}: names starting with {RESERVED_ENV_PREFIX} are reserved.")
+            _no_nul(val, f"The value of {name}")
+
+
+class ImageField(forms.Field):
+    """An enabled image of the catalog, given by name or by id."""
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        if isinstance(value, Image):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise forms.ValidationError("Give the image's name or id.")
+        query = Q(name=str(value))
+        if isinstance(value, int) or str(value).isdigit():
+            query |= Q(pk=int(value))
+        image = Image.objects.filter(query, enabled=True).first()
+        if image is None:
+            names = ", ".join(Image.objects.filter(enabled=True).values_list("name", flat=True))
+            raise forms.ValidationError(f"No enabled image {value!r}. Available: {names or 'none'}.")
+        return image
+
+
+def visible_scripts(user):
+    """The scripts a user may run: their own uploads and the example library."""
+    return Script.objects.filter(Q(owner=user) | Q(owner__isnull=True))
+
+
+class JobForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False)
+    image = ImageField()
+    gpus = forms.IntegerField(min_value=1)
+    script = forms.IntegerField(required=False, min_value=1)
+    script_path = forms.CharField(max_length=1024, required=False, strip=False)
+    args = StringListField(required=False)
+    env = StringMapField(required=False)
+    backend = forms.ChoiceField(choices=Backend.choices, required=False)
+    time_limit_minutes = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["gpus"].widget.attrs["max"] = settings.RINGMASTER_MAX_GPUS_PER_JOB
+        self.fields["time_limit_minutes"].widget.attrs["max"] = settings.RINGMASTER_MAX_TIME_LIMIT_MINUTES
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        _no_nul(name, "The name")
+        return name
+
+    def clean_gpus(self):
+        gpus = self.cleaned_data["gpus"]
+        limit = settings.RINGMASTER_MAX_GPUS_PER_JOB
+        if gpus > limit:
+            raise forms.ValidationError(f"At most {limit} GPUs per job.")
+        return gpus
+
+    def clean_script(self):
+        script_id = self.cleaned_data["script"]
+        if script_id is None:
+            return None
+        script = visible_scripts(self.user).filter(pk=script_id).first()
+        if script is None:
+            raise forms.ValidationError(f"No script with id {script_id}. Upload it first (POST /api/scripts/).")
+        return script
+
+    def clean_script_path(self):
+        path = self.cleaned_data["script_path"]
+        _no_nul(path, "The script path")
+        if "\n" in path or "\r" in path:
+            raise forms.ValidationError("The script path must be one line.")
+        return path.strip()
+
+    def clean_backend(self):
+        backend = self.cleaned_data["backend"] or Backend.LOCAL
+        if backend not in IMPLEMENTED_BACKENDS:
+            raise forms.ValidationError(f"The {backend} backend is not available on this portal yet.")
+        return backend
+
+    def clean_time_limit_minutes(self):
+        minutes = self.cleaned_data["time_limit_minutes"] or settings.RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES
+        limit = settings.RINGMASTER_MAX_TIME_LIMIT_MINUTES
+        if minutes > limit:
+            raise forms.ValidationError(f"At most {limit} minutes.")
+        return minutes
+
+    def clean(self):
+        data = super().clean()
+        script, path = data.get("script"), data.get("script_path")
+        if "script" not in self.errors and "script_path" not in self.errors:
+            if script and path:
+                self.add_error("script", "Give either script or script_path, not both.")
+            elif not script and not path and not self._has_upload():
+                self.add_error("script", "Choose a script (upload one, pick one from the library) or give script_path.")
+        backend, gpus = data.get("backend"), data.get("gpus")
+        if backend == Backend.LOCAL and gpus and gpus > settings.RINGMASTER_LOCAL_GPUS:
+            self.add_error("gpus", f"This machine runs at most {settings.RINGMASTER_LOCAL_GPUS} processes per job.")
+        return data
+
+    def _has_upload(self):
+        return False
+
+    def job_fields(self):
+        """The cleaned data as Job model fields."""
+        data = self.cleaned_data
+        return {
+            "name": data["name"],
+            "image": data["image"],
+            "gpus": data["gpus"],
+            "script": data["script"],
+            "script_path": data["script_path"] if not data["script"] else "",
+            "args": data["args"],
+            "env": data["env"],
+            "backend": data["backend"],
+            "time_limit_minutes": data["time_limit_minutes"],
+        }
+
+
+class ScriptUploadForm(forms.Form):
+    """A training script: a .py file up to 1 MiB of valid UTF-8."""
+
+    file = forms.FileField()
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        name = safe_script_name(upload.name or "")
+        if not name.endswith(".py"):
+            raise forms.ValidationError("The script must be a .py file.")
+        if upload.size > MAX_SCRIPT_BYTES:
+            raise forms.ValidationError(f"The script is larger than {MAX_SCRIPT_BYTES // 1024} KiB.")
+        raw = upload.read(MAX_SCRIPT_BYTES + 1)
+        if len(raw) > MAX_SCRIPT_BYTES:
+            raise forms.ValidationError(f"The script is larger than {MAX_SCRIPT_BYTES // 1024} KiB.")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise forms.ValidationError(f"The script is not valid UTF-8 (byte {exc.start}).")
+        _no_nul(text, "The script")
+        return {"name": name, "content": text, "sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}
+
+
+def safe_script_name(name):
+    """The file's base name, with anything but letters, digits, '.', '-' and '_' made '_'."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")
+    return base[:200]
+
+
+class JobPageForm(JobForm):
+    """The browser's form: the same checks, friendlier widgets, and an optional upload."""
+
+    image = forms.ModelChoiceField(queryset=Image.objects.filter(enabled=True), empty_label=None)
+    script = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    script_file = forms.FileField(required=False, label="or upload a script (.py)")
+    args = StringListField(required=False, widget=forms.TextInput, help_text="Split like a command line.")
+    env = StringMapField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
+
+    field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend", "time_limit_minutes"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        scripts = visible_scripts(self.user).order_by("owner", "name")
+        self.fields["script"].choices = [("", "—")] + [
+            (s.pk, f"{s.name}{'' if s.owner_id else ' (example)'}") for s in scripts
+        ]
+        self.fields["backend"].choices = [(b.value, b.label) for b in Backend if b in IMPLEMENTED_BACKENDS]
+        self.fields["gpus"].help_text = (
+            "On the local backend each GPU is one process; on a machine without GPUs they run on the CPU."
+        )
+        self.fields["gpus"].initial = 2
+        self.fields["script_path"].help_text = "Or a path to a script inside the image."
+
+    def clean_image(self):
+        return ImageField().clean(self.cleaned_data["image"])
+
+    def _has_upload(self):
+        return bool(self.files.get("script_file"))
+
+    def clean_script_file(self):
+        upload = self.cleaned_data.get("script_file")
+        if not upload:
+            return None
+        upload_form = ScriptUploadForm(files={"file": upload})
+        if not upload_form.is_valid():
+            raise forms.ValidationError(upload_form.errors["file"])
+        return upload_form.cleaned_data["file"]

@@ -1,0 +1,48 @@
+"""Demo data for `make run`: an admin, an image catalog and the example scripts. Idempotent."""
+import hashlib
+import secrets
+import sys
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+
+from jobs.models import Image, Script
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin (printing its password once), the image catalog and example scripts."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--admin", default="admin")
+
+    def handle(self, admin, **options):
+        users = get_user_model()
+        if not users.objects.filter(username=admin).exists():
+            password = secrets.token_urlsafe(12)
+            users.objects.create_superuser(admin, email="", password=password)
+            self.stdout.write(f"Created admin user {admin!r} with password: {password}")
+        else:
+            self.stdout.write(f"Admin user {admin!r} exists (reset its password: python manage.py changepassword {admin}).")
+
+        image, created = Image.objects.get_or_create(
+            name="horovod-cpu",
+            defaults={
+                "description": "PyTorch 2.13 (CPU) + Horovod 0.28.1 with Gloo: the environment this portal runs in.",
+                "python": sys.executable,
+                "container_image": "horovod/horovod:0.28.1",
+            },
+        )
+        if created:
+            self.stdout.write(f"Image {image.name!r} runs {image.python}")
+
+        for path in sorted(EXAMPLES.glob("*.py")):
+            raw = path.read_bytes()
+            _, created = Script.objects.get_or_create(
+                owner=None, name=path.name, sha256=hashlib.sha256(raw).hexdigest(),
+                defaults={"content": raw.decode(), "size": len(raw)},
+            )
+            if created:
+                self.stdout.write(f"Example script {path.name}")

@@ -1,0 +1,170 @@
+"""The domain: images, scripts, jobs, and what a job leaves behind (events, log lines, metrics).
+
+A job's state changes only through jobs.states.transition().
+"""
+from django.conf import settings
+from django.db import models
+
+
+class Image(models.Model):
+    """An entry of the admin-managed catalog. A job can only use an enabled image.
+
+    For the Kubernetes backend an image is a container image reference. For the local and SSH
+    backends it names the environment the job runs in: the Python interpreter that has Horovod.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+    container_image = models.CharField(
+        max_length=300, blank=True, help_text="Container image for the Kubernetes backend."
+    )
+    python = models.CharField(
+        max_length=300,
+        default="python",
+        help_text="Python interpreter (with Horovod) for the local and SSH backends.",
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Script(models.Model):
+    """An uploaded training script, kept by content hash. Owner None = the example library."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    name = models.CharField(max_length=255)
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    content = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name", "sha256"], name="script_once_per_owner"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.sha256[:12]})"
+
+
+class State(models.TextChoices):
+    QUEUED = "QUEUED"
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+ACTIVE_STATES = frozenset({State.LAUNCHING, State.RUNNING})
+
+
+class Backend(models.TextChoices):
+    LOCAL = "local", "This machine (horovodrun)"
+    INSTANCES = "instances", "GPU instances over SSH"
+    KUBERNETES = "kubernetes", "Kubernetes (MPIJob)"
+
+
+class Job(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    name = models.CharField(max_length=100, blank=True)
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="jobs")
+    gpus = models.PositiveIntegerField()
+    script = models.ForeignKey(Script, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    script_path = models.CharField(max_length=1024, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    backend = models.CharField(max_length=20, choices=Backend.choices, default=Backend.LOCAL)
+    time_limit_minutes = models.PositiveIntegerField()
+
+    state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED, db_index=True)
+    reason = models.CharField(max_length=500, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failed_rank = models.IntegerField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    gpu_seconds = models.FloatField(default=0)
+
+    # Following the output: the next log seq, the bytes of launcher output already stored, and
+    # the splitter's pending state at that offset. All three change together, under the row lock.
+    next_seq = models.BigIntegerField(default=0)
+    output_offset = models.BigIntegerField(default=0)
+    output_state = models.JSONField(default=dict, blank=True)
+    follower = models.CharField(max_length=200, blank=True)
+    follower_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return self.display_name
+
+    @property
+    def display_name(self):
+        return self.name or f"job-{self.pk}"
+
+    @property
+    def is_terminal(self):
+        return self.state in TERMINAL_STATES
+
+    @property
+    def script_name(self):
+        return self.script.name if self.script_id else self.script_path
+
+
+class JobEvent(models.Model):
+    """Every state change and notable message of a job, with its time."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    ts = models.DateTimeField(auto_now_add=True)
+    state = models.CharField(max_length=20, choices=State.choices, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["ts", "id"]
+
+
+class LogLine(models.Model):
+    """One line of one rank's output. seq is per job, gap-free, from 0."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    seq = models.BigIntegerField()
+    rank = models.IntegerField(null=True, blank=True, help_text="None: the launcher's own lines.")
+    stream = models.CharField(max_length=6)
+    ts = models.DateTimeField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="log_seq_unique")]
+        indexes = [models.Index(fields=["job", "rank", "seq"], name="log_rank_seq")]
+
+
+class MetricPoint(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    rank = models.IntegerField(null=True, blank=True)
+    step = models.BigIntegerField()
+    name = models.CharField(max_length=100)
+    value = models.FloatField()
+    ts = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "name", "step", "id"]
+        indexes = [models.Index(fields=["job", "name", "step"], name="metric_name_step")]
+
+
+class SchedulerLock(models.Model):
+    """One row, locked FOR UPDATE while admitting, so admission decisions never race."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)

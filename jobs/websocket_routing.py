@@ -1,0 +1,2 @@
+"""Websocket routes (see DESIGN.md: /ws/jobs/<id>/?since=<seq>)."""
+websocket_urlpatterns = []

@@ -1,0 +1,24 @@
+"""ASGI entry point: Django views over HTTP, Channels consumers over websockets."""
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from jobs.websocket_routing import websocket_urlpatterns  # noqa: E402
+from jobs.websocket_auth import TokenOrSessionAuthMiddleware  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # Static files are served by Django itself so `make run` needs no web server in front.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "websocket": AllowedHostsOriginValidator(
+            TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -1,0 +1,74 @@
+"""The Runner interface: how a job actually runs, whatever the backend.
+
+A runner never sees the database. It gets a JobSpec (plain data) and reports through events:
+launch() returns Started; follow() yields Output chunks of the launcher's combined output, and
+finally Exited. Everything a runner does is idempotent and keyed by the job id, so a Celery task
+that is retried, or a follower that re-attaches after a crash, never starts a job twice.
+"""
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: int
+    gpus: int
+    python: str                      # the interpreter (with Horovod) of the job's environment
+    script_name: str                 # file name of the script inside the job directory
+    script_content: str | None       # an uploaded script, or None to run script_path
+    script_path: str | None          # a path inside the image
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    time_limit_seconds: int | None = None
+
+    @property
+    def name(self):
+        """The name every backend derives from the job id (also a valid DNS-1035 label)."""
+        return f"rm-job-{self.job_id}"
+
+    def training_command(self):
+        """argv of one rank: python <script> <args>."""
+        script = self.script_name if self.script_content is not None else self.script_path
+        return [self.python, script, *self.args]
+
+
+@dataclass(frozen=True)
+class Started:
+    detail: str
+    already_running: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    data: bytes
+    offset: int          # byte offset of data[0] in the launcher's output
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Nothing new yet: lets the follower check for cancel, time limit and heartbeat."""
+
+
+@dataclass(frozen=True)
+class Exited:
+    code: int | None      # None: the launcher vanished without reporting an exit code
+    detail: str = ""
+
+
+class Runner(ABC):
+    name = "base"
+
+    @abstractmethod
+    def launch(self, spec: JobSpec) -> Started:
+        """Start the job unless it already started; never start it twice."""
+
+    @abstractmethod
+    def follow(self, spec: JobSpec, offset: int, should_stop: Callable[[], bool] = lambda: False
+               ) -> Iterator[Output | Waiting | Exited]:
+        """Yield the launcher's output from byte `offset` on, then Exited. Stops early if
+        should_stop() turns true (the caller lost its claim on the job)."""
+
+    @abstractmethod
+    def cancel(self, spec: JobSpec) -> None:
+        """Stop every process of the job and return once none is left."""

@@ -1,0 +1,184 @@
+"""The embedded default: `horovodrun --gloo` on this machine.
+
+Each job gets a directory <jobs_dir>/rm-job-<id>/ holding the script, `output.log` (launcher
+stdout and stderr together, each line tagged with its rank by horovodrun), `pid`, and `exit_code`,
+written when horovodrun ends. horovodrun runs detached in its own session, so a Celery worker
+that dies or restarts does not take the training down; the next follower re-attaches by offset.
+
+Every process of a job carries RINGMASTER_JOB_ID in its environment. cancel() uses it to find
+and kill all of them, including ranks that horovodrun moved into process groups of their own.
+"""
+import fcntl
+import os
+import signal
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+from .base import Exited, JobSpec, Output, Runner, Started, Waiting
+
+JOB_MARKER = "RINGMASTER_JOB_ID"
+READ_CHUNK = 1 << 20
+# The wrapper records horovodrun's exit code atomically. User words never enter this string:
+# they are positional parameters, expanded by "$@" without being parsed again.
+WRAPPER = '"$@"; code=$?; echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code'
+
+
+class LocalRunner(Runner):
+    name = "local"
+
+    def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10):
+        self.jobs_dir = Path(jobs_dir)
+        self.poll_interval = poll_interval
+        self.start_timeout = start_timeout
+        self.kill_grace = kill_grace
+
+    def job_dir(self, spec):
+        return self.jobs_dir / spec.name
+
+    def command(self, spec):
+        """horovodrun's argv: one process per GPU slot on localhost."""
+        return [
+            spec.python, "-m", "horovod.runner.launch", "--gloo",
+            "-np", str(spec.gpus), "-H", f"localhost:{spec.gpus}",
+            "--disable-cache", "--start-timeout", str(self.start_timeout),
+            *spec.training_command(),
+        ]
+
+    def environment(self, spec):
+        """A clean environment: the portal's own secrets (database URL, keys) never reach a job."""
+        bindir = str(Path(spec.python).parent) if os.sep in spec.python else ""
+        path = os.pathsep.join(p for p in (bindir, "/usr/local/bin", "/usr/bin", "/bin") if p)
+        env = {
+            "PATH": path,
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.update(spec.env)
+        env[JOB_MARKER] = str(spec.job_id)
+        return env
+
+    @contextmanager
+    def _launch_lock(self, directory):
+        with open(directory / "launch.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def launch(self, spec):
+        directory = self.job_dir(spec)
+        directory.mkdir(parents=True, exist_ok=True)
+        with self._launch_lock(directory):
+            pid_file = directory / "pid"
+            if pid_file.exists():
+                return Started(f"horovodrun already started (pid {pid_file.read_text().split()[0]})", True)
+            if spec.script_content is not None:
+                (directory / spec.script_name).write_text(spec.script_content)
+            with open(directory / "output.log", "ab") as output:
+                process = subprocess.Popen(
+                    ["/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],
+                    cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
+                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+            created = psutil.Process(process.pid).create_time()
+            tmp = directory / "pid.tmp"
+            tmp.write_text(f"{process.pid} {created}\n")
+            tmp.rename(pid_file)
+            # Reap it when it ends, so no zombie lingers while this worker lives.
+            threading.Thread(target=process.wait, daemon=True).start()
+            return Started(f"horovodrun started on this machine with {spec.gpus} processes (pid {process.pid})")
+
+    def _launcher_alive(self, directory):
+        try:
+            pid, created = (directory / "pid").read_text().split()
+            process = psutil.Process(int(pid))
+            return process.create_time() == float(created) and process.status() != psutil.STATUS_ZOMBIE
+        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
+            return False
+
+    def _exit_code(self, directory):
+        try:
+            return int((directory / "exit_code").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def follow(self, spec, offset, should_stop=lambda: False):
+        directory = self.job_dir(spec)
+        log_path = directory / "output.log"
+        while not log_path.exists():
+            if should_stop():
+                return
+            if not (directory / "pid").exists():
+                yield Exited(None, "the job was never started on this machine")
+                return
+            yield Waiting()
+            time.sleep(self.poll_interval)
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            while not should_stop():
+                data = log.read(READ_CHUNK)
+                if data:
+                    yield Output(data, offset)
+                    offset += len(data)
+                    continue
+                code = self._exit_code(directory)
+                if code is None and self._launcher_alive(directory):
+                    yield Waiting()
+                    time.sleep(self.poll_interval)
+                    continue
+                # Ended: the exit code is written after the last output, so one more read drains.
+                code = self._exit_code(directory)
+                rest = log.read()
+                if rest:
+                    yield Output(rest, offset)
+                    offset += len(rest)
+                    continue
+                if code is None:
+                    yield Exited(None, "horovodrun stopped without reporting an exit code")
+                else:
+                    yield Exited(code, f"horovodrun exited with code {code}")
+                return
+
+    def _processes(self, spec):
+        """Every live process of this job: the launcher's group and everything with the marker."""
+        found = {}
+        marker = str(spec.job_id)
+        for process in psutil.process_iter(["pid", "status"]):
+            if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
+                continue
+            try:
+                if process.environ().get(JOB_MARKER) == marker:
+                    found[process.pid] = process
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return list(found.values())
+
+    def _signal_all(self, processes, sig):
+        for process in processes:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def cancel(self, spec):
+        directory = self.job_dir(spec)
+        try:
+            pgid = int((directory / "pid").read_text().split()[0])
+            os.killpg(pgid, signal.SIGTERM)
+        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+            pass
+        processes = self._processes(spec)
+        self._signal_all(processes, signal.SIGTERM)
+        _, alive = psutil.wait_procs(processes, timeout=self.kill_grace)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            alive = self._processes(spec)
+            if not alive:
+                return
+            self._signal_all(alive, signal.SIGKILL)
+            psutil.wait_procs(alive, timeout=1)
+        raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")

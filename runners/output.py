@@ -1,0 +1,538 @@
+"""Split the combined output of ``horovodrun``/``mpirun`` into per-rank lines and metrics.
+
+Standard library only: this module is shared by the Celery runners and the follower that
+tails job logs, and must stay importable without Django.
+
+Input formats (see ``shared/reference/horovod.md`` sections 2a, 2b and 5)
+-------------------------------------------------------------------------
+
+Gloo (``horovodrun --gloo`` and every elastic run)
+    Each record of a worker is ``[<rank>]<stdout>:text`` or ``[<rank>]<stderr>:text`` with no
+    space after the colon. Horovod flushes a record at every ``\\n`` *and* every ``\\r``, so a
+    progress bar arrives as ``[2]<stdout>:progress 10%\\r[2]<stdout>:progress 20%\\r...`` and a
+    ``\\r\\n`` ending arrives as ``[2]<stdout>:crlf line\\r[2]<stdout>:\\n``. A rank's final
+    unterminated text can be followed by another rank's tag on the same physical line. With
+    ``--prefix-output-with-timestamp`` an ``asctime()`` stamp is glued in front of the tag:
+    ``Sun Nov 22 01:41:09 2026[0]<stdout>:hi`` (the day is space padded: ``Mon Jun  2``).
+
+Open MPI ``--tag-output`` (``horovodrun --mpi``, plain ``mpirun``)
+    ``[<jobid>,<rank>]<stdout|stderr|stddiag>:text``; with ``--timestamp-output`` a ``ctime()``
+    stamp (same layout as ``asctime()``) is glued in front. Open MPI tags every forwarded
+    *chunk*, not every line, so a tag may appear in the middle of a line:
+    ``[1,0]<stdout>:hel[1,0]<stdout>:lo\\n`` is the single line ``hello`` of rank 0, and another
+    rank's chunk may sit between the two halves. ``\\r`` is not a tagging point in Open MPI.
+
+Untagged text
+    horovodrun's and mpirun's own messages (``Process 1 exit with status code 3.``, tracebacks,
+    help blocks) carry no tag. They become lines of the launcher: ``rank=None``, ``stdout``.
+
+How :class:`OutputSplitter` works
+---------------------------------
+
+The byte stream is cut at ``\\n`` and ``\\r`` first (safe for UTF-8, whose multi-byte sequences
+never contain those bytes). Every tag in a segment switches the *target* ``(rank, stream)``;
+the bytes after it are appended to that target's pending buffer. Text before a new tag that
+was not terminated stays pending and is continued by that target's next segment.
+
+* ``\\n`` emits the target's pending text. If that text is empty but a carriage text is pending
+  (the Gloo ``\\r\\n`` case) the carriage text is emitted instead.
+* ``\\r`` keeps only the latest state of a progress line: the terminated text becomes the
+  target's *carriage* text, replacing the previous one. An empty ``\\r`` segment (a bare cursor
+  return) leaves the carriage text alone.
+* After ``\\n`` the target returns to the launcher (both Gloo and Open MPI re-tag after a newline).
+  After ``\\r`` a Gloo target returns to the launcher (Gloo re-tags), an Open MPI target stays
+  (Open MPI does not re-tag at ``\\r``).
+* :meth:`OutputSplitter.finish` flushes every pending line at EOF.
+
+Lines longer than ``max_line_bytes`` are cut on a UTF-8 boundary, followed by
+:func:`truncation_marker`, and the rest of the line is dropped, so each ``(rank, stream)``
+buffers at most about ``max_line_bytes``. Text is decoded with ``errors="replace"``.
+
+:meth:`OutputSplitter.state` returns a JSON-serialisable snapshot; a splitter built from it
+continues exactly where the original left off.
+
+Metrics
+-------
+
+:func:`extract_metrics` understands ``RINGMASTER_METRIC {json object}`` lines and the lines
+printed by Horovod's ``pytorch_synthetic_benchmark.py`` and ``pytorch_mnist.py`` examples.
+:func:`parse_rank_failure` reads horovodrun's ``Process N exit with status code X.``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = [
+    "LAUNCHER",
+    "MAX_LINE_BYTES",
+    "METRIC_PREFIX",
+    "Line",
+    "Metric",
+    "OutputSplitter",
+    "extract_metrics",
+    "parse_rank_failure",
+    "tag",
+    "truncation_marker",
+]
+
+LAUNCHER = None  # rank value for untagged lines (horovodrun's / mpirun's own output)
+MAX_LINE_BYTES = 64 * 1024
+METRIC_PREFIX = "RINGMASTER_METRIC "
+MAX_METRIC_NAME_LENGTH = 100
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Line:
+    rank: int | None  # None = launcher (untagged)
+    stream: str  # "stdout" | "stderr"  (Open MPI "stddiag" -> "stderr")
+    text: str  # no trailing \n / \r
+    ts: datetime | None  # from a timestamp glued before the tag (naive local time), else None
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+    step: int | None  # None = no step in the line; the caller assigns arrival order
+
+
+# --------------------------------------------------------------------------------------------
+# Tags
+# --------------------------------------------------------------------------------------------
+
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MAX_ID_DIGITS = 9
+
+# asctime()/ctime(): "%a %b %e %H:%M:%S %Y", e.g. "Mon Jun  2 01:41:09 2026".
+# Also accepted: a single space before a two-digit day, or an unpadded one-digit day.
+_TIMESTAMP_PATTERN = (
+    rb"(?P<ts>(?:" + b"|".join(w.encode() for w in _WEEKDAYS) + rb") "
+    rb"(?:" + b"|".join(m.encode() for m in _MONTHS) + rb")"
+    rb" {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4})"
+)
+_ID_PATTERN = rb"\d{1,%d}" % _MAX_ID_DIGITS
+# Gloo "[rank]<stream>:" and Open MPI "[jobid,rank]<stream>:", optionally time-stamped.
+_TAG_RE = re.compile(
+    rb"(?:" + _TIMESTAMP_PATTERN + rb")?"
+    rb"\[(?:(?P<job>" + _ID_PATTERN + rb"),)?(?P<rank>" + _ID_PATTERN + rb")\]"
+    rb"<(?P<stream>stdout|stderr|stddiag)>:"
+)
+# Longest possible tag: 25-byte timestamp + "[" job "," rank "]<stddiag>:".
+_MAX_TAG_BYTES = 25 + 1 + _MAX_ID_DIGITS + 1 + _MAX_ID_DIGITS + len(b"]<stddiag>:")
+_TERMINATOR_RE = re.compile(rb"[\r\n]")
+
+_LAUNCHER_STREAM = "stdout"
+_STREAM_NAMES = {b"stdout": "stdout", b"stderr": "stderr", b"stddiag": "stderr"}
+
+_Key = tuple  # (rank: int | None, stream: str)
+_LAUNCHER_KEY: _Key = (LAUNCHER, _LAUNCHER_STREAM)
+
+
+def tag(rank: int, stream: str, text: str) -> bytes:
+    """Build one Gloo-style record ``[rank]<stream>:text\\n`` (for test fixtures)."""
+    return f"[{rank}]<{stream}>:{text}\n".encode()
+
+
+def truncation_marker(max_line_bytes: int) -> str:
+    """Visible marker appended to a line cut at ``max_line_bytes``."""
+    if max_line_bytes % 1024 == 0:
+        size = f"{max_line_bytes // 1024} KiB"
+    else:
+        size = f"{max_line_bytes} bytes"
+    return f"… [line truncated at {size}]"
+
+
+def _parse_timestamp(raw: bytes | None) -> datetime | None:
+    """Parse an asctime()-style stamp; None when absent or not a real date."""
+    if not raw:
+        return None
+    _weekday, month, day, clock, year = raw.decode("ascii").split()
+    hour, minute, second = (int(part) for part in clock.split(":"))
+    try:
+        return datetime(int(year), _MONTHS.index(month) + 1, int(day), hour, minute, second)
+    except ValueError:
+        return None
+
+
+def _decode(data: bytes | bytearray) -> str:
+    return bytes(data).decode("utf-8", errors="replace")
+
+
+def _utf8_cut(data: bytes | bytearray, limit: int, next_byte: int) -> int:
+    """Largest cut position <= limit that does not split a UTF-8 character.
+
+    ``next_byte`` is the byte that would follow ``data[:limit]``. Backs up at most three bytes
+    (the longest continuation run of valid UTF-8); invalid input is cut at ``limit``.
+    """
+    cut = limit
+    following = next_byte
+    while cut > 0 and limit - cut < 3 and (following & 0xC0) == 0x80:
+        cut -= 1
+        following = data[cut]
+    if (following & 0xC0) == 0x80:
+        return limit
+    return cut
+
+
+def _ts_to_json(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+def _ts_from_json(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None
+
+
+# --------------------------------------------------------------------------------------------
+# Splitter
+# --------------------------------------------------------------------------------------------
+
+
+class _Pending:
+    """Pending state of one (rank, stream): the open segment and the last carriage text."""
+
+    __slots__ = ("is_open", "buf", "truncated", "ts", "carriage", "carriage_ts")
+
+    def __init__(self) -> None:
+        self.is_open = False  # a segment has started and is not terminated yet
+        self.buf = bytearray()  # bytes of the open segment, at most max_line_bytes
+        self.truncated = False  # the open segment overflowed; further bytes are dropped
+        self.ts: datetime | None = None  # timestamp of the tag that opened the segment
+        self.carriage: str | None = None  # last \r-terminated text
+        self.carriage_ts: datetime | None = None
+
+    def close_segment(self) -> None:
+        self.is_open = False
+        self.buf = bytearray()
+        self.truncated = False
+        self.ts = None
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.is_open and self.carriage is None
+
+    def to_json(self, key: _Key) -> dict:
+        return {
+            "rank": key[0],
+            "stream": key[1],
+            "open": self.is_open,
+            "buf": base64.b64encode(bytes(self.buf)).decode("ascii"),
+            "truncated": self.truncated,
+            "ts": _ts_to_json(self.ts),
+            "carriage": self.carriage,
+            "carriage_ts": _ts_to_json(self.carriage_ts),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> tuple[_Key, _Pending]:
+        pending = cls()
+        pending.is_open = bool(data["open"])
+        pending.buf = bytearray(base64.b64decode(data["buf"]))
+        pending.truncated = bool(data["truncated"])
+        pending.ts = _ts_from_json(data["ts"])
+        pending.carriage = data["carriage"]
+        pending.carriage_ts = _ts_from_json(data["carriage_ts"])
+        return (data["rank"], data["stream"]), pending
+
+
+class OutputSplitter:
+    """Incrementally split horovodrun/mpirun output bytes into :class:`Line` objects.
+
+    Feed bytes in any chunking; lines are returned in the order their terminators are seen.
+    ``OutputSplitter(state=other.state())`` resumes exactly where ``other`` stopped (the line
+    limit stored in the state wins over ``max_line_bytes``).
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES, state: dict | None = None):
+        if state is not None:
+            max_line_bytes = state.get("max_line_bytes", max_line_bytes)
+        if not isinstance(max_line_bytes, int) or max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be a positive int, got {max_line_bytes!r}")
+        self._max_line_bytes = max_line_bytes
+        self._marker = truncation_marker(max_line_bytes)
+        self._reset()
+        if state is not None:
+            self._restore(state)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[Line]:
+        """Consume the next bytes; return the lines completed by them."""
+        out: list[Line] = []
+        raw = self._raw + bytes(data)
+        start = 0
+        for match in _TERMINATOR_RE.finditer(raw):
+            self._route(raw[start : match.start()])
+            self._terminate(raw[match.start()], out)
+            start = match.end()
+        self._raw = self._route_unterminated(raw[start:])
+        return out
+
+    def finish(self) -> list[Line]:
+        """At EOF: flush every pending partial line (in the order the lines started)."""
+        self._route(self._raw)
+        out: list[Line] = []
+        for key, pending in self._pending.items():
+            if pending.is_open and pending.buf:
+                out.append(self._line(key, self._segment_text(pending), pending.ts))
+            elif pending.carriage is not None:
+                out.append(self._line(key, pending.carriage, pending.carriage_ts))
+        self._reset()
+        return out
+
+    def state(self) -> dict:
+        """JSON-serialisable snapshot of everything pending."""
+        target_rank, target_stream = self._target
+        return {
+            "version": _STATE_VERSION,
+            "max_line_bytes": self._max_line_bytes,
+            "raw": base64.b64encode(self._raw).decode("ascii"),
+            "target": {
+                "rank": target_rank,
+                "stream": target_stream,
+                "ts": _ts_to_json(self._target_ts),
+                "keep_on_cr": self._target_keep_on_cr,
+            },
+            "pending": [pending.to_json(key) for key, pending in self._pending.items()],
+        }
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._raw = b""  # unterminated bytes not routed yet (a possible partial tag)
+        self._pending: dict[_Key, _Pending] = {}  # insertion order = order lines started
+        self._to_launcher()
+
+    def _to_launcher(self) -> None:
+        self._target: _Key = _LAUNCHER_KEY
+        self._target_ts: datetime | None = None
+        self._target_keep_on_cr = True  # stays the launcher anyway
+
+    def _restore(self, state: dict) -> None:
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported OutputSplitter state version: {state.get('version')!r}")
+        self._raw = base64.b64decode(state["raw"])
+        target = state["target"]
+        self._target = (target["rank"], target["stream"])
+        self._target_ts = _ts_from_json(target["ts"])
+        self._target_keep_on_cr = bool(target["keep_on_cr"])
+        self._pending = dict(_Pending.from_json(item) for item in state["pending"])
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def _route(self, segment: bytes) -> None:
+        """Route a segment with no terminator in it whose end is known to be final."""
+        position = self._route_tags(segment)
+        self._append(segment[position:])
+
+    def _route_unterminated(self, segment: bytes) -> bytes:
+        """Route what is certain of an unterminated tail; return the bytes to hold back.
+
+        Any tag not complete yet starts within the last ``_MAX_TAG_BYTES`` bytes, so holding
+        those back (and rescanning them with the next feed) finds the same tags as one-shot
+        feeding would.
+        """
+        position = self._route_tags(segment)
+        hold_from = max(position, len(segment) - _MAX_TAG_BYTES)
+        self._append(segment[position:hold_from])
+        return segment[hold_from:]
+
+    def _route_tags(self, segment: bytes) -> int:
+        """Route the text between the tags of ``segment``; return the end of the last tag."""
+        position = 0
+        for match in _TAG_RE.finditer(segment):
+            self._append(segment[position : match.start()])
+            self._switch_target(match)
+            position = match.end()
+        return position
+
+    def _switch_target(self, match: re.Match) -> None:
+        self._target = (int(match["rank"]), _STREAM_NAMES[match["stream"]])
+        self._target_ts = _parse_timestamp(match["ts"])
+        # Open MPI ("[job,rank]") does not re-tag after \r; Gloo ("[rank]") does.
+        self._target_keep_on_cr = match["job"] is not None
+
+    def _open_target(self) -> _Pending:
+        pending = self._pending.get(self._target)
+        if pending is None:
+            pending = self._pending[self._target] = _Pending()
+        if not pending.is_open:
+            pending.is_open = True
+            pending.ts = self._target_ts
+        return pending
+
+    def _append(self, data: bytes) -> None:
+        """Append text to the target's open segment, enforcing the line limit."""
+        if not data:
+            return
+        pending = self._open_target()
+        if pending.truncated:
+            return
+        room = self._max_line_bytes - len(pending.buf)
+        if len(data) <= room:
+            pending.buf += data
+            return
+        pending.buf += data[:room]
+        cut = _utf8_cut(pending.buf, len(pending.buf), data[room])
+        del pending.buf[cut:]
+        pending.truncated = True
+
+    # -- terminators ----------------------------------------------------------------------
+
+    def _terminate(self, terminator: int, out: list[Line]) -> None:
+        key = self._target
+        pending = self._open_target()
+        if terminator == ord("\r"):
+            self._carriage_return(pending)
+            if not self._target_keep_on_cr:
+                self._to_launcher()
+        else:
+            out.append(self._newline_line(key, pending))
+            pending.close_segment()
+            pending.carriage = pending.carriage_ts = None
+            self._to_launcher()
+        if pending.is_idle:
+            del self._pending[key]
+
+    def _carriage_return(self, pending: _Pending) -> None:
+        if pending.buf:
+            pending.carriage = self._segment_text(pending)
+            pending.carriage_ts = pending.ts
+        pending.close_segment()
+
+    def _newline_line(self, key: _Key, pending: _Pending) -> Line:
+        if not pending.buf and pending.carriage is not None:
+            return self._line(key, pending.carriage, pending.carriage_ts)
+        return self._line(key, self._segment_text(pending), pending.ts)
+
+    def _segment_text(self, pending: _Pending) -> str:
+        text = _decode(pending.buf)
+        return text + self._marker if pending.truncated else text
+
+    @staticmethod
+    def _line(key: _Key, text: str, ts: datetime | None) -> Line:
+        return Line(rank=key[0], stream=key[1], text=text, ts=ts)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
+_BENCH_ITER_RE = re.compile(rf"Iter #(\d+): ({_NUMBER}) img/sec per (?:GPU|CPU)")
+_BENCH_MEAN_RE = re.compile(rf"Img/sec per (?:GPU|CPU): ({_NUMBER}) \+-({_NUMBER})")
+_BENCH_TOTAL_RE = re.compile(
+    rf"Total img/sec on (\d+) (?:GPU|CPU)\(s\): ({_NUMBER}) \+-({_NUMBER})"
+)
+_MNIST_TRAIN_RE = re.compile(
+    rf"Train Epoch: (\d+) \[(\d+)/(\d+) \((\d+)%\)\]\s+Loss: ({_NUMBER})(?:\s.*)?"
+)
+_MNIST_TEST_RE = re.compile(rf"Test set: Average loss: ({_NUMBER}), Accuracy: ({_NUMBER})%")
+_RANK_FAILURE_RE = re.compile(r"Process (\d+) exit with status code (-?\d+)\.")
+
+
+def _finite(value: str) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _metrics(step: int | None, *pairs: tuple[str, str]) -> list[Metric]:
+    """Metrics for the (name, number text) pairs whose value is finite."""
+    result = []
+    for name, text in pairs:
+        value = _finite(text)
+        if value is not None:
+            result.append(Metric(name, value, step))
+    return result
+
+
+def _json_metrics(payload: str) -> list[Metric]:
+    """Metrics of a ``RINGMASTER_METRIC`` JSON object (text after the prefix)."""
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    step = data.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        step = None
+    result = []
+    for name, value in data.items():
+        if name == "step" or not name or len(name) > MAX_METRIC_NAME_LENGTH:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        try:
+            number = float(value)
+        except OverflowError:
+            continue
+        if math.isfinite(number):
+            result.append(Metric(name, number, step))
+    return result
+
+
+def _benchmark_metrics(text: str) -> list[Metric] | None:
+    """Horovod ``pytorch_synthetic_benchmark.py`` lines, or None when not one."""
+    if match := _BENCH_ITER_RE.fullmatch(text):
+        return _metrics(int(match[1]), ("img_per_sec", match[2]))
+    if match := _BENCH_MEAN_RE.fullmatch(text):
+        return _metrics(None, ("img_per_sec_mean", match[1]))
+    if match := _BENCH_TOTAL_RE.fullmatch(text):
+        return _metrics(None, ("total_img_per_sec", match[2]))
+    return None
+
+
+def _mnist_metrics(text: str) -> list[Metric] | None:
+    """Horovod ``pytorch_mnist.py`` lines, or None when not one.
+
+    The training step is ``(epoch - 1) * samples_per_epoch + samples_seen`` (per rank).
+    """
+    if match := _MNIST_TRAIN_RE.fullmatch(text):
+        epoch, seen, total = int(match[1]), int(match[2]), int(match[3])
+        step = (epoch - 1) * total + seen
+        return _metrics(step if step >= 0 else None, ("loss", match[5]))
+    if match := _MNIST_TEST_RE.fullmatch(text):
+        return _metrics(None, ("test_loss", match[1]), ("test_accuracy", match[2]))
+    return None
+
+
+def extract_metrics(text: str) -> list[Metric]:
+    """Metrics found in one output line (the text of a :class:`Line`); never raises.
+
+    * ``RINGMASTER_METRIC {"step": 10, "loss": 0.31}`` (the prefix may follow other text, e.g.
+      a logging prefix): every finite int/float value except ``step`` is a metric; ``step`` is
+      used when it is a non-negative int, else the step is None. Names longer than
+      ``MAX_METRIC_NAME_LENGTH`` are skipped.
+    * Horovod synthetic benchmark and MNIST example lines (see the reference, section 5).
+    """
+    if not isinstance(text, str):
+        return []
+    try:
+        index = text.find(METRIC_PREFIX)
+        if index >= 0:
+            return _json_metrics(text[index + len(METRIC_PREFIX) :])
+        stripped = text.strip()
+        for parser in (_benchmark_metrics, _mnist_metrics):
+            found = parser(stripped)
+            if found is not None:
+                return found
+    except (ValueError, OverflowError):
+        pass
+    return []
+
+
+def parse_rank_failure(text: str) -> tuple[int, int] | None:
+    """``(rank, exit code)`` from horovodrun's ``Process N exit with status code X.``, else None."""
+    match = _RANK_FAILURE_RE.fullmatch(text.strip())
+    if match is None:
+        return None
+    return int(match[1]), int(match[2])

@@ -1,0 +1,175 @@
+"""Shared fixtures. Integration tests run real parts: PostgreSQL, Redis, a Celery worker,
+uvicorn and horovodrun, as separate processes that see the test database."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def wait_for(condition, timeout=60.0, interval=0.1, message="condition"):
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
+        time.sleep(interval)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _database_url():
+    db = settings.DATABASES["default"]
+    if "postgresql" not in db["ENGINE"]:
+        pytest.skip("integration tests need PostgreSQL (DATABASE_URL)")
+    user = db.get("USER") or "postgres"
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+
+
+class Service:
+    """A child process (worker, web server) that a test can kill and start again."""
+
+    def __init__(self, name, argv, env, log_path):
+        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+        self.process = None
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill(self, sig=signal.SIGKILL):
+        """Kill the service's own processes (not the detached jobs it started)."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=30)
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+
+    def output(self):
+        return Path(self.log_path).read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def service_env(django_db_setup, django_db_blocker, tmp_path_factory):
+    """Environment for child processes: the test database, the test Redis, a jobs folder."""
+    data_dir = tmp_path_factory.mktemp("ringmaster-data")
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": _database_url(),
+        "RINGMASTER_DATA_DIR": str(data_dir),
+        "RINGMASTER_JOBS_DIR": str(settings.RINGMASTER_JOBS_DIR),
+        "SECRET_KEY": settings.SECRET_KEY,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "PYTHONUNBUFFERED": "1",
+        "RINGMASTER_LOCAL_GPUS": "4",
+    })
+    if not env.get("REDIS_URL"):
+        pytest.skip("integration tests need Redis (REDIS_URL)")
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jobs_dir(tmp_path_factory):
+    """Job working directories of this test session live in a temporary folder."""
+    settings.RINGMASTER_JOBS_DIR = tmp_path_factory.mktemp("jobs")
+
+
+@pytest.fixture(scope="session")
+def celery_worker(service_env, tmp_path_factory):
+    from portal.celery import app
+
+    app.control.purge()
+    worker = Service(
+        "worker",
+        [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads", "--concurrency", "8",
+         "--loglevel", "INFO", "-n", f"test-{os.getpid()}@%h", "--without-gossip", "--without-mingle"],
+        service_env, tmp_path_factory.mktemp("logs") / "worker.log",
+    )
+    worker.start()
+    wait_for(lambda: "ready." in worker.output(), timeout=60, message="the Celery worker to be ready")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="session")
+def live_portal(service_env, tmp_path_factory):
+    """The portal served by uvicorn (ASGI) on a free port; yields its base URL."""
+    port = free_port()
+    server = Service(
+        "web",
+        [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
+        service_env, tmp_path_factory.mktemp("logs") / "web.log",
+    )
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return requests.get(f"{url}/login/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    wait_for(up, timeout=60, message="uvicorn to serve the portal")
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def image(db):
+    from jobs.models import Image
+
+    return Image.objects.create(name="horovod-cpu", python=sys.executable, description="test image")
+
+
+@pytest.fixture
+def make_user(db, django_user_model):
+    def make(username="alice", **extra):
+        return django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
+    return make
+
+
+@pytest.fixture
+def api_client(make_user):
+    """An API client for a fresh user with a token: client(user) -> requests.Session-like."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    def client_for(user):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        return client
+    return client_for
+
+
+def job_processes(job_id):
+    """Live processes that carry the job's marker in their environment."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get("RINGMASTER_JOB_ID") == str(job_id):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
