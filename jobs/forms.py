@@ -1,8 +1,8 @@
 """Validation of everything a user submits. One path for the HTML form, the API and the CLI.
 
-JobForm takes API-shaped data (args a list, env a mapping); JobPageForm, the browser's form,
-accepts the same fields typed as text (args split like a command line, env as KEY=VALUE lines)
-and turns them into the same shapes before the same checks run.
+JobForm takes API-shaped data (args a list, env a mapping) and nothing else; JobPageForm, the
+browser's form, accepts the same fields typed as text (args split like a command line, env as
+NAME=value lines) and turns them into those shapes before the same checks run.
 """
 import hashlib
 import re
@@ -29,21 +29,13 @@ def _no_nul(value, what):
 
 
 class StringListField(forms.Field):
-    """A list of strings (API), or a command-line-like string split by shlex (browser form)."""
+    """A list of strings (the API's shape)."""
 
     def to_python(self, value):
         if value in (None, ""):
             return []
-        if isinstance(value, str):
-            try:
-                return shlex.split(value)
-            except ValueError as exc:
-                raise forms.ValidationError(f"Could not split the arguments: {exc}.")
-        if not isinstance(value, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
             raise forms.ValidationError("Must be a list of strings.")
-        for item in value:
-            if not isinstance(item, str):
-                raise forms.ValidationError("Must be a list of strings.")
         return list(value)
 
     def validate(self, value):
@@ -56,22 +48,24 @@ class StringListField(forms.Field):
                 raise forms.ValidationError(f"An argument is longer than {MAX_ARG_CHARS} characters.")
 
 
+class ArgsTextField(StringListField):
+    """The browser's arguments box: split like a command line (by shlex; no shell runs)."""
+
+    def to_python(self, value):
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as exc:
+                raise forms.ValidationError(f"Could not split the arguments: {exc}.")
+        return super().to_python(value)
+
+
 class StringMapField(forms.Field):
-    """A mapping of names to strings (API), or KEY=VALUE lines (browser form)."""
+    """A mapping of variable names to strings (the API's shape)."""
 
     def to_python(self, value):
         if value in (None, ""):
             return {}
-        if isinstance(value, str):
-            mapping = {}
-            for number, line in enumerate(value.splitlines(), start=1):
-                if not line.strip():
-                    continue
-                if "=" not in line:
-                    raise forms.ValidationError(f"Line {number}: expected NAME=value.")
-                name, _, val = line.partition("=")
-                mapping[name.strip()] = val
-            return mapping
         if not isinstance(value, dict):
             raise forms.ValidationError("Must be an object mapping names to strings.")
         for name, val in value.items():
@@ -91,6 +85,23 @@ class StringMapField(forms.Field):
             if name.upper().startswith(RESERVED_ENV_PREFIX):
                 raise forms.ValidationError(f"{name}: names starting with {RESERVED_ENV_PREFIX} are reserved.")
             _no_nul(val, f"The value of {name}")
+
+
+class EnvTextField(StringMapField):
+    """The browser's environment box: one NAME=value per line."""
+
+    def to_python(self, value):
+        if isinstance(value, str):
+            mapping = {}
+            for number, line in enumerate(value.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                if "=" not in line:
+                    raise forms.ValidationError(f"Line {number}: expected NAME=value.")
+                name, _, val = line.partition("=")
+                mapping[name.strip()] = val
+            value = mapping
+        return super().to_python(value)
 
 
 class ImageField(forms.Field):
@@ -244,8 +255,8 @@ class JobPageForm(JobForm):
     image = forms.ModelChoiceField(queryset=Image.objects.filter(enabled=True), empty_label=None)
     script = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     script_file = forms.FileField(required=False, label="or upload a script (.py)")
-    args = StringListField(required=False, widget=forms.TextInput, help_text="Split like a command line.")
-    env = StringMapField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
+    args = ArgsTextField(required=False, widget=forms.TextInput, help_text="Split like a command line; no shell runs them.")
+    env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
 
     field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend", "time_limit_minutes"]
 

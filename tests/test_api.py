@@ -1,0 +1,192 @@
+"""The REST API's contract: validation with the field named, ownership (404), shapes."""
+import io
+
+import pytest
+
+from jobs.models import Job, JobEvent, LogLine, Script, State
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def client(api_client, alice):
+    return api_client(alice)
+
+
+@pytest.fixture
+def script(alice):
+    return Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=10, content="print(1)\n")
+
+
+def post_job(client, **data):
+    return client.post("/api/jobs/", data, format="json")
+
+
+def test_anonymous_is_refused(db):
+    from rest_framework.test import APIClient
+
+    response = APIClient().get("/api/jobs/")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
+
+
+def test_images_lists_enabled_images_only(client, image):
+    from jobs.models import Image
+
+    Image.objects.create(name="retired", enabled=False)
+    assert [i["name"] for i in client.get("/api/images/").json()] == ["horovod-cpu"]
+
+
+def test_upload_script_is_kept_once_by_content(client):
+    body = b"import horovod\nprint('hi')\n"
+    first = client.post("/api/scripts/", {"file": io.BytesIO(body)}, format="multipart")
+    assert first.status_code == 400 and "file" in first.json()            # no file name: not a .py
+    upload = lambda: client.post("/api/scripts/", {"file": _named(body, "train.py")}, format="multipart")
+    one, two = upload(), upload()
+    assert one.status_code == two.status_code == 201
+    assert one.json() == two.json()
+    assert set(one.json()) == {"id", "name", "sha256", "size"}
+    assert one.json()["size"] == len(body) and one.json()["name"] == "train.py"
+    assert Script.objects.count() == 1
+
+
+def _named(content, name):
+    handle = io.BytesIO(content)
+    handle.name = name
+    return handle
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("notes.txt", b"print(1)", "must be a .py file"),
+    ("big.py", b"#" * (1024 * 1024 + 1), "larger than 1024 KiB"),
+    ("latin.py", "print('caf\xe9')".encode("latin-1"), "not valid UTF-8"),
+    ("nul.py", b"print(1)\x00", "NUL"),
+])
+def test_bad_script_uploads_are_400_naming_the_file_field(client, name, content, message):
+    response = client.post("/api/scripts/", {"file": _named(content, name)}, format="multipart")
+    assert response.status_code == 400
+    assert message in " ".join(response.json()["file"])
+    assert Script.objects.count() == 0
+
+
+def test_submit_creates_a_queued_job_and_asks_the_scheduler(client, image, script, alice,
+                                                           django_capture_on_commit_callbacks):
+    # (Tests run inside a transaction that is rolled back: on-commit tasks are never sent.)
+    with django_capture_on_commit_callbacks() as on_commit:
+        response = post_job(client, image="horovod-cpu", gpus=2, script=script.pk,
+                            args=["--epochs", "3", "; rm -rf /"], env={"LR": "0.1"}, name="first")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "QUEUED" and body["queue_position"] == 1 and body["owner"] == "alice"
+    job = Job.objects.get(pk=body["id"])
+    assert (job.gpus, job.args, job.env, job.backend) == (2, ["--epochs", "3", "; rm -rf /"], {"LR": "0.1"}, "local")
+    assert JobEvent.objects.filter(job=job, state=State.QUEUED).exists()
+    assert len(on_commit) == 1                                  # dispatch, once the job is committed
+
+
+def test_image_may_be_given_by_id_and_script_by_path(client, image):
+    response = post_job(client, image=image.pk, gpus=1, script_path="/opt/train.py")
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get().script_path == "/opt/train.py"
+
+
+@pytest.mark.parametrize("change, field, message", [
+    ({"gpus": 0}, "gpus", "greater than or equal to 1"),
+    ({"gpus": 9}, "gpus", "At most 8 GPUs per job"),
+    ({"gpus": "two"}, "gpus", "whole number"),
+    ({"gpus": 1.5}, "gpus", "whole number"),
+    ({"gpus": None}, "gpus", "required"),
+    ({"image": "nope"}, "image", "No enabled image 'nope'"),
+    ({"image": "retired"}, "image", "No enabled image"),
+    ({"script": 999999}, "script", "No script with id 999999"),
+    ({"script": None}, "script", "Choose a script"),
+    ({"script_path": "/x.py"}, "script", "not both"),
+    ({"args": "--epochs 3"}, "args", "list of strings"),
+    ({"args": ["ok", 3]}, "args", "list of strings"),
+    ({"args": ["a\x00b"]}, "args", "NUL"),
+    ({"env": ["A=1"]}, "env", "object mapping names"),
+    ({"env": {"1BAD": "x"}}, "env", "not a valid variable name"),
+    ({"env": {"A-B": "x"}}, "env", "not a valid variable name"),
+    ({"env": {"A": 1}}, "env", "must be a string"),
+    ({"env": {"A": "x\x00"}}, "env", "NUL"),
+    ({"env": {"RINGMASTER_JOB_ID": "7"}}, "env", "reserved"),
+    ({"backend": "slurm"}, "backend", "not one of the available choices"),
+    ({"backend": "kubernetes"}, "backend", "not available"),
+    ({"time_limit_minutes": 0}, "time_limit_minutes", "greater than or equal to 1"),
+])
+def test_bad_job_input_is_400_naming_the_field(client, image, script, change, field, message):
+    from jobs.models import Image
+
+    Image.objects.create(name="retired", enabled=False)
+    data = {"image": "horovod-cpu", "gpus": 2, "script": script.pk, **change}
+    response = post_job(client, **{k: v for k, v in data.items()})
+    assert response.status_code == 400
+    assert message in " ".join(response.json()[field]), response.json()
+    assert Job.objects.count() == 0
+
+
+def test_non_object_body_is_400_not_500(client):
+    response = client.post("/api/jobs/", [1, 2], format="json")
+    assert response.status_code == 400
+    assert "non_field_errors" in response.json()
+
+
+def test_another_users_script_cannot_be_used(client, image, make_user):
+    bob_script = Script.objects.create(owner=make_user("bob"), name="b.py", sha256="1" * 64, size=1, content="x")
+    response = post_job(client, image="horovod-cpu", gpus=1, script=bob_script.pk)
+    assert response.status_code == 400 and "script" in response.json()
+
+
+def test_another_users_job_is_404_everywhere(api_client, make_user, image, script, alice):
+    job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)
+    bob = api_client(make_user("bob"))
+    for url in (f"/api/jobs/{job.pk}/", f"/api/jobs/{job.pk}/logs/", f"/api/jobs/{job.pk}/metrics/"):
+        assert bob.get(url).status_code == 404
+    assert bob.post(f"/api/jobs/{job.pk}/cancel/").status_code == 404
+    assert bob.get("/api/jobs/").json()["results"] == []
+    assert Job.objects.get(pk=job.pk).state == State.QUEUED
+
+    staff = api_client(make_user("carol", is_staff=True))
+    assert staff.get(f"/api/jobs/{job.pk}/").status_code == 200
+
+
+def test_logs_page_by_seq_and_filter_by_rank(client, image, script, alice):
+    from django.utils import timezone
+
+    job = Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
+    ranks = [0, 1, None, 1, 0]
+    LogLine.objects.bulk_create(LogLine(job=job, seq=i, rank=r, stream="stdout", ts=timezone.now(), text=f"l{i}")
+                                for i, r in enumerate(ranks))
+    page = client.get(f"/api/jobs/{job.pk}/logs/?limit=2").json()
+    assert [l["seq"] for l in page["lines"]] == [0, 1] and page["next"] == 1
+    page = client.get(f"/api/jobs/{job.pk}/logs/?since={page['next']}").json()
+    assert [l["seq"] for l in page["lines"]] == [2, 3, 4] and page["next"] == 4
+    assert client.get(f"/api/jobs/{job.pk}/logs/?since=4").json() == {"lines": [], "next": 4}
+    assert [l["text"] for l in client.get(f"/api/jobs/{job.pk}/logs/?rank=1").json()["lines"]] == ["l1", "l3"]
+    launcher = client.get(f"/api/jobs/{job.pk}/logs/?rank=launcher").json()["lines"]
+    assert [(l["rank"], l["text"]) for l in launcher] == [("launcher", "l2")]
+    bad = client.get(f"/api/jobs/{job.pk}/logs/?rank=x&limit=0&since=y")
+    assert bad.status_code == 400 and set(bad.json()) == {"rank", "limit", "since"}
+
+
+def test_cancel_of_a_queued_job_is_immediate_and_a_finished_one_is_409(client, image, script, alice):
+    job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)
+    response = client.post(f"/api/jobs/{job.pk}/cancel/")
+    assert response.status_code == 202 and response.json()["state"] == "CANCELLED"
+    again = client.post(f"/api/jobs/{job.pk}/cancel/")
+    assert again.status_code == 409 and "already ended" in again.json()["detail"]
+
+
+def test_openapi_schema_describes_the_job_endpoints(client):
+    response = client.get("/api/schema/?format=json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path in ("/api/images/", "/api/scripts/", "/api/jobs/", "/api/jobs/{job_id}/",
+                 "/api/jobs/{job_id}/cancel/", "/api/jobs/{job_id}/logs/", "/api/jobs/{job_id}/metrics/"):
+        assert path in paths
+    assert "gpus" in response.json()["components"]["schemas"]["JobCreateRequest"]["properties"]

@@ -1,0 +1,72 @@
+"""The local runner with real horovodrun: argv stays argv, and the portal's secrets stay out."""
+import json
+import os
+import sys
+
+import pytest
+
+from runners.base import Exited, JobSpec, Output
+from runners.local import LocalRunner
+from runners.output import OutputSplitter
+
+SCRIPT = """
+import json, os, sys
+print("ARGV " + json.dumps(sys.argv[1:]))
+print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_JOB_ID")}))
+"""
+
+
+def run_to_end(runner, spec):
+    runner.launch(spec)
+    splitter, chunks, exited = OutputSplitter(), [], None
+    for event in runner.follow(spec, 0):
+        if isinstance(event, Output):
+            chunks.extend(splitter.feed(event.data))
+        elif isinstance(event, Exited):
+            exited = event
+            break
+    return chunks + splitter.finish(), exited
+
+
+def test_user_words_reach_the_script_literally_and_secrets_do_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
+    monkeypatch.setenv("SECRET_KEY", "do-not-leak")
+    words = ["$(touch pwned)", "; touch pwned2", "`id`", "a b", "'q'", '"dq"', "--x=$HOME", "*"]
+    spec = JobSpec(job_id=424242, gpus=2, python=sys.executable, script_name="show.py", script_content=SCRIPT,
+                   script_path=None, args=tuple(words), env={"LR": "0.5"})
+    runner = LocalRunner(tmp_path)
+
+    lines, exited = run_to_end(runner, spec)
+
+    assert exited.code == 0
+    for rank in (0, 1):
+        mine = {l.text.split(" ", 1)[0]: json.loads(l.text.split(" ", 1)[1]) for l in lines
+                if l.rank == rank and l.text.startswith(("ARGV ", "ENV "))}
+        assert mine["ARGV"] == words
+        assert mine["ENV"] == {"LR": "0.5", "DATABASE_URL": None, "SECRET_KEY": None, "RINGMASTER_JOB_ID": "424242"}
+    job_dir = runner.job_dir(spec)
+    assert not (job_dir / "pwned").exists() and not (job_dir / "pwned2").exists()
+    assert not list(tmp_path.rglob("pwned*"))
+
+
+def test_launch_is_idempotent(tmp_path):
+    spec = JobSpec(job_id=424243, gpus=1, python=sys.executable, script_name="s.py",
+                   script_content="print('once')\n", script_path=None)
+    runner = LocalRunner(tmp_path)
+    first = runner.launch(spec)
+    second = runner.launch(spec)
+    assert not first.already_running and second.already_running
+    lines, exited = run_to_end(runner, spec)
+    assert exited.code == 0
+    assert [l.text for l in lines if l.rank == 0] == ["once"]
+
+
+def test_follow_resumes_from_an_offset_without_repeating(tmp_path):
+    spec = JobSpec(job_id=424244, gpus=1, python=sys.executable, script_name="s.py",
+                   script_content="for i in range(50): print(i)\n", script_path=None)
+    runner = LocalRunner(tmp_path)
+    lines, _ = run_to_end(runner, spec)
+    whole = (runner.job_dir(spec) / "output.log").read_bytes()
+    cut = whole.index(b"[0]<stdout>:25\n")
+    resumed = b"".join(e.data for e in runner.follow(spec, cut) if isinstance(e, Output))
+    assert whole[:cut] + resumed == whole

@@ -1,0 +1,93 @@
+"""The state machine is the only way a state changes; admission never exceeds capacity."""
+import threading
+
+import pytest
+from django.db import connection
+
+from jobs import services, states
+from jobs.models import Job, JobEvent, Script, State
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def job(make_user, image):
+    owner = make_user("alice")
+    script = Script.objects.create(owner=owner, name="t.py", sha256="0" * 64, size=1, content="x")
+    return Job.objects.create(owner=owner, image=image, gpus=2, script=script, time_limit_minutes=5)
+
+
+def test_the_happy_path_records_an_event_per_state(job):
+    for target in (State.LAUNCHING, State.RUNNING, State.SUCCEEDED):
+        states.transition(job.pk, target)
+    job.refresh_from_db()
+    assert job.state == State.SUCCEEDED and job.started_at and job.finished_at
+    assert job.gpu_seconds == pytest.approx((job.finished_at - job.started_at).total_seconds() * 2)
+    assert list(JobEvent.objects.filter(job=job).values_list("state", flat=True)) == [
+        "LAUNCHING", "RUNNING", "SUCCEEDED"]
+
+
+@pytest.mark.parametrize("path, illegal", [
+    ([], State.RUNNING),
+    ([], State.SUCCEEDED),
+    ([State.LAUNCHING, State.RUNNING], State.QUEUED),
+    ([State.LAUNCHING, State.RUNNING, State.SUCCEEDED], State.FAILED),
+    ([State.CANCELLED], State.LAUNCHING),
+])
+def test_illegal_transitions_raise_and_change_nothing(job, path, illegal):
+    for target in path:
+        states.transition(job.pk, target)
+    before = Job.objects.get(pk=job.pk).state
+    with pytest.raises(states.IllegalTransition):
+        states.transition(job.pk, illegal)
+    assert Job.objects.get(pk=job.pk).state == before
+
+
+def test_expect_makes_a_racing_second_finish_harmless(job):
+    states.transition(job.pk, State.LAUNCHING)
+    states.transition(job.pk, State.RUNNING)
+    assert states.transition(job.pk, State.CANCELLED, expect={State.RUNNING}) is not None
+    assert states.transition(job.pk, State.FAILED, expect={State.RUNNING}) is None
+    assert Job.objects.get(pk=job.pk).state == State.CANCELLED
+
+
+def test_transition_refuses_fields_outside_its_remit(job):
+    with pytest.raises(TypeError):
+        states.transition(job.pk, State.LAUNCHING, owner_id=99)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings):
+    """Eight schedulers at once, on PostgreSQL: the local slots are never overbooked."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL")
+    settings.RINGMASTER_LOCAL_GPUS = 4
+    owner = make_user("alice")
+    script = Script.objects.create(owner=owner, name="t.py", sha256="0" * 64, size=1, content="x")
+    for _ in range(6):
+        Job.objects.create(owner=owner, image=image, gpus=2, script=script, time_limit_minutes=5)
+
+    barrier, errors = threading.Barrier(8), []
+
+    def admit():
+        try:
+            barrier.wait()
+            services.admit_queued()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=admit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    launching = Job.objects.filter(state=State.LAUNCHING)
+    assert launching.count() == 2                                           # 2 x 2 GPUs = 4
+    waiting = Job.objects.filter(state=State.QUEUED).order_by("created_at", "id")
+    assert waiting.count() == 4
+    assert waiting[0].reason == "waiting for capacity: 4 of 4 GPUs in use, this job needs 2"
+    assert waiting[1].reason.startswith(f"waiting behind job {waiting[0].pk}")
+    assert [services.queue_position(j) for j in waiting] == [1, 2, 3, 4]
