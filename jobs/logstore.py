@@ -31,7 +31,7 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None):
             rows.append(LogLine(job_id=job_id, seq=seq, rank=line.rank, stream=line.stream, ts=ts, text=line.text))
             for metric in extract_metrics(line.text):
                 step = metric.step if metric.step is not None else seq
-                points.append(MetricPoint(job_id=job_id, rank=line.rank, step=step, name=metric.name,
+                points.append(MetricPoint(job_id=job_id, rank=line.rank, seq=seq, step=step, name=metric.name,
                                           value=metric.value, ts=ts))
             if line.rank is None and job.failed_rank is None:
                 failure = parse_rank_failure(line.text)

@@ -154,6 +154,7 @@ class MetricPoint(models.Model):
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
     rank = models.IntegerField(null=True, blank=True)
+    seq = models.BigIntegerField(default=0, help_text="The log line it was read from.")
     step = models.BigIntegerField()
     name = models.CharField(max_length=100)
     value = models.FloatField()
@@ -161,7 +162,10 @@ class MetricPoint(models.Model):
 
     class Meta:
         ordering = ["job", "name", "step", "id"]
-        indexes = [models.Index(fields=["job", "name", "step"], name="metric_name_step")]
+        indexes = [
+            models.Index(fields=["job", "name", "step"], name="metric_name_step"),
+            models.Index(fields=["job", "seq"], name="metric_seq"),
+        ]
 
 
 class SchedulerLock(models.Model):

@@ -2,6 +2,7 @@
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from channels.security.websocket import AllowedHostsOriginValidator
 from rest_framework.authtoken.models import Token
 
 
@@ -25,3 +26,18 @@ class _TokenHeaderMiddleware(BaseMiddleware):
 
 def TokenOrSessionAuthMiddleware(inner):
     return AuthMiddlewareStack(_TokenHeaderMiddleware(inner))
+
+
+class OriginOrTokenValidator:
+    """Browsers always send Origin: it must name an allowed host (no cross-site hijacking of the
+    session cookie). A client with no Origin header (the CLI, scripts) must use a token."""
+
+    def __init__(self, application):
+        self.application = application
+        self.origin_checked = AllowedHostsOriginValidator(application)
+
+    async def __call__(self, scope, receive, send):
+        headers = dict(scope.get("headers", []))
+        if b"origin" not in headers and headers.get(b"authorization", b"").lower().startswith(b"token "):
+            return await self.application(scope, receive, send)
+        return await self.origin_checked(scope, receive, send)

@@ -1,2 +1,6 @@
 """Websocket routes (see DESIGN.md: /ws/jobs/<id>/?since=<seq>)."""
-websocket_urlpatterns = []
+from django.urls import path
+
+from .consumers import JobConsumer
+
+websocket_urlpatterns = [path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi())]

@@ -7,17 +7,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from jobs.websocket_routing import websocket_urlpatterns  # noqa: E402
-from jobs.websocket_auth import TokenOrSessionAuthMiddleware  # noqa: E402
+from jobs.websocket_auth import OriginOrTokenValidator, TokenOrSessionAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Static files are served by Django itself so `make run` needs no web server in front.
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": OriginOrTokenValidator(
             TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
         ),
     }

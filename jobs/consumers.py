@@ -1,0 +1,125 @@
+"""The job websocket: /ws/jobs/<id>/?since=<seq> (contract in DESIGN.md).
+
+Owner or staff only; anyone else is refused at the handshake, before any data. The consumer
+replays stored lines after `since`, then sends what is stored later, always from the database
+and in seq order, tracking the last seq it sent: a push only says "there is more", so a lost or
+late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
+defaults) the worker cannot reach this process, so the consumer also polls the database.
+"""
+import asyncio
+import json
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from rest_framework.utils.encoders import JSONEncoder
+
+from .live import group_name
+from .models import Job, LogLine, MetricPoint
+from .serializers import rank_label
+
+BATCH = 1000
+POLL_SECONDS = 1.0
+
+
+def _line(line):
+    return {"seq": line.seq, "rank": rank_label(line.rank), "stream": line.stream, "ts": line.ts,
+            "text": line.text}
+
+
+def _point(point):
+    return {"seq": point.seq, "name": point.name, "rank": rank_label(point.rank), "step": point.step,
+            "value": point.value, "ts": point.ts}
+
+
+class JobConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        if not user or not user.is_authenticated or not await self._may_see(user):
+            await self.close(code=4404)
+            return
+        try:
+            self.last_seq = int(_query(self.scope).get("since", -1))
+        except ValueError:
+            await self.close(code=4400)
+            return
+        self.group = group_name(self.job_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        self.last_state = None
+        await self._send_state()
+        await self._send_new()
+        self.poller = None
+        if not settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis"):
+            self.poller = asyncio.ensure_future(self._poll())
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if getattr(self, "poller", None):
+            self.poller.cancel()
+
+    async def receive_json(self, content, **kwargs):
+        """Clients only listen; anything they send is ignored."""
+
+    @classmethod
+    async def encode_json(cls, content):
+        return json.dumps(content, cls=JSONEncoder)
+
+    # --- group messages (jobs.live) ---------------------------------------------------------
+    async def job_lines(self, event):
+        if event["last_seq"] > self.last_seq:
+            await self._send_new()
+
+    async def job_state(self, event):
+        await self._send_state(event["state"], event["reason"])
+
+    # --- helpers ----------------------------------------------------------------------------
+    async def _poll(self):
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            await self._send_new()
+            await self._send_state()
+
+    async def _send_new(self):
+        while True:
+            lines, points = await self._fetch(self.last_seq)
+            if not lines:
+                return
+            await self.send_json({"type": "lines", "lines": [_line(l) for l in lines]})
+            if points:
+                await self.send_json({"type": "metrics", "points": [_point(p) for p in points]})
+            self.last_seq = lines[-1].seq
+            if len(lines) < BATCH:
+                return
+
+    async def _send_state(self, state=None, reason=None):
+        if state is None:
+            state, reason = await self._state()
+        if (state, reason) != self.last_state:
+            self.last_state = (state, reason)
+            await self.send_json({"type": "state", "state": state, "reason": reason})
+
+    @database_sync_to_async
+    def _may_see(self, user):
+        jobs = Job.objects.filter(pk=self.job_id)
+        return jobs.exists() if user.is_staff else jobs.filter(owner=user).exists()
+
+    @database_sync_to_async
+    def _fetch(self, after):
+        lines = list(LogLine.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")[:BATCH])
+        points = []
+        if lines:
+            points = list(MetricPoint.objects.filter(job_id=self.job_id, seq__gt=after, seq__lte=lines[-1].seq)
+                          .order_by("seq", "id"))
+        return lines, points
+
+    @database_sync_to_async
+    def _state(self):
+        return tuple(Job.objects.filter(pk=self.job_id).values_list("state", "reason").get())
+
+
+def _query(scope):
+    return {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}

@@ -1,0 +1,116 @@
+"""The job websocket against a real uvicorn with the Redis channel layer: replay from the
+database after `since`, then live lines, no gap and no repeat; strangers are refused."""
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from rest_framework.authtoken.models import Token
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from jobs import states
+from jobs.logstore import append_output
+from jobs.models import Job, Script, State
+from runners.output import Line
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def job(alice, image):
+    script = Script.objects.create(owner=alice, name="t.py", sha256="0" * 64, size=1, content="x")
+    job = Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
+    states.transition(job.pk, State.LAUNCHING)
+    states.transition(job.pk, State.RUNNING)
+    return job
+
+
+def store(job, start, count):
+    """Store lines as the follower does: through the log store, which also notifies viewers."""
+    job.refresh_from_db()
+    lines = [Line(rank=i % 2, stream="stdout", text=f"line {i}", ts=None) for i in range(start, start + count)]
+    metric = [Line(rank=0, stream="stdout", text=f'RINGMASTER_METRIC {{"step": {start}, "loss": 0.5}}', ts=None)]
+    assert append_output(job.pk, lines + metric, job.output_offset, job.output_offset + 1, {})
+
+
+def ws_url(live_portal, job, since=None):
+    url = live_portal.replace("http://", "ws://") + f"/ws/jobs/{job.pk}/"
+    return url + (f"?since={since}" if since is not None else "")
+
+
+def token_header(user):
+    return {"Authorization": f"Token {Token.objects.get_or_create(user=user)[0].key}"}
+
+
+async def receive_until(ws, predicate, timeout=20):
+    """Collect messages until predicate(messages) holds."""
+    messages = []
+    async with asyncio.timeout(timeout):
+        while not predicate(messages):
+            messages.append(json.loads(await ws.recv()))
+    return messages
+
+
+def texts(messages):
+    return [l["text"] for m in messages if m["type"] == "lines" for l in m["lines"]]
+
+
+def seqs(messages):
+    return [l["seq"] for m in messages if m["type"] == "lines" for l in m["lines"]]
+
+
+def test_replay_after_since_then_live_without_gap_or_repeat(live_portal, job, alice):
+    store(job, 0, 10)                                     # seq 0..10 (10 = the metric line)
+    headers = token_header(alice)
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job, since=4), additional_headers=headers) as ws:
+            first = await receive_until(ws, lambda m: 10 in seqs(m) and any(x["type"] == "metrics" for x in m))
+            assert first[0] == {"type": "state", "state": "RUNNING", "reason": ""}
+            assert seqs(first) == list(range(5, 11))
+            assert any(m["type"] == "metrics" and m["points"][0]["name"] == "loss" for m in first)
+            await sync_to_async(store)(job, 100, 50)      # seq 11..61, pushed live
+            live = await receive_until(ws, lambda m: 61 in seqs(m) and m[-1]["type"] == "metrics")
+            assert seqs(live) == list(range(11, 62))
+            assert texts(live)[0] == "line 100"
+            await sync_to_async(states.transition)(job.pk, State.SUCCEEDED)
+            ended = await receive_until(ws, lambda m: any(x["type"] == "state" for x in m))
+            assert [m for m in ended if m["type"] == "state"] == [{"type": "state", "state": "SUCCEEDED", "reason": ""}]
+        async with connect(ws_url(live_portal, job, since=61), additional_headers=headers) as ws:
+            again = await receive_until(ws, lambda m: len(m) >= 1)
+            assert again == [{"type": "state", "state": "SUCCEEDED", "reason": ""}]
+            with pytest.raises(TimeoutError):
+                await receive_until(ws, lambda m: len(m) >= 1, timeout=1.5)   # nothing repeated
+
+    asyncio.run(scenario())
+
+
+def test_strangers_and_anonymous_clients_are_refused_before_any_data(live_portal, job, make_user):
+    bob = make_user("bob")
+
+    async def refused(headers):
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(ws_url(live_portal, job), additional_headers=headers):
+                pass
+        return info.value.response.status_code
+
+    assert asyncio.run(refused(token_header(bob))) == 403
+    assert asyncio.run(refused({"Authorization": "Token not-a-token"})) == 403
+    assert asyncio.run(refused({})) == 403                                   # no Origin, no token
+    assert asyncio.run(refused({"Origin": "http://evil.example", **token_header(job.owner)})) == 403
+
+
+def test_staff_may_watch_any_job(live_portal, job, make_user):
+    headers = token_header(make_user("root", is_staff=True))
+
+    async def first_message():
+        async with connect(ws_url(live_portal, job), additional_headers=headers) as ws:
+            return json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+    assert asyncio.run(first_message())["type"] == "state"
