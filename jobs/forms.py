@@ -191,9 +191,10 @@ class JobForm(forms.Form):
         data = super().clean()
         script, path = data.get("script"), data.get("script_path")
         if "script" not in self.errors and "script_path" not in self.errors:
-            if script and path:
-                self.add_error("script", "Give either script or script_path, not both.")
-            elif not script and not path and not self._has_upload():
+            given = sum(bool(source) for source in (script, path, self._has_upload()))
+            if given > 1:
+                self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script path.")
+            elif given == 0:
                 self.add_error("script", "Choose a script (upload one, pick one from the library) or give script_path.")
         backend, gpus = data.get("backend"), data.get("gpus")
         if backend == Backend.LOCAL and gpus and gpus > settings.RINGMASTER_LOCAL_GPUS:

@@ -87,7 +87,14 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory):
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")
-    return env
+    yield env
+    # The services are stopped by now; end their database sessions so the test database can go.
+    with django_db_blocker.unblock():
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -105,7 +105,7 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
     ({"image": "retired"}, "image", "No enabled image"),
     ({"script": 999999}, "script", "No script with id 999999"),
     ({"script": None}, "script", "Choose a script"),
-    ({"script_path": "/x.py"}, "script", "not both"),
+    ({"script_path": "/x.py"}, "script", "Give only one of"),
     ({"args": "--epochs 3"}, "args", "list of strings"),
     ({"args": ["ok", 3]}, "args", "list of strings"),
     ({"args": ["a\x00b"]}, "args", "NUL"),

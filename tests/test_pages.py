@@ -111,3 +111,22 @@ def test_csrf_is_enforced_on_the_form(alice, image):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(alice)
     assert strict.post("/jobs/new/", {"gpus": 1}).status_code == 403
+
+
+def test_an_upload_together_with_a_library_script_is_refused_not_silently_preferred(client, alice, image):
+    library = Script.objects.create(owner=None, name="example.py", sha256="1" * 64, size=1, content="x")
+    client.force_login(alice)
+    response = client.post("/jobs/new/", {
+        "image": image.pk, "gpus": 1, "backend": "local", "script": library.pk,
+        "script_file": SimpleUploadedFile("mine.py", b"print(1)\n"),
+    })
+    assert response.status_code == 200
+    assert "Give only one of" in response.content.decode()
+    assert Job.objects.count() == 0 and not Script.objects.filter(name="mine.py").exists()
+
+
+def test_missing_pages_keep_the_portal_around_them(client, alice):
+    client.force_login(alice)
+    response = client.get("/jobs/987654/")
+    assert response.status_code == 404
+    assert "Ringmaster" in response.content.decode() and 'href="/"' in response.content.decode()
