@@ -198,7 +198,7 @@ def test_another_users_job_page_is_not_found(log_in, live_portal, image, make_us
     expect()(bob_page.locator("table.jobs")).not_to_contain_text("alice secret run")
     response = bob_page.goto(f"/jobs/{job.pk}/")
     assert response.status == 404
-    expect()(bob_page.locator("body")).to_contain_text("Not Found")
+    expect()(bob_page.locator("h1")).to_have_text("Not found")
     expect()(bob_page.locator("body")).not_to_contain_text("alice secret run")
     csrf = {c["name"]: c["value"] for c in bob_page.context.cookies()}["csrftoken"]
     for action in ("cancel", "rerun"):                                     # nor can bob act on it

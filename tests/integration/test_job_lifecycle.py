@@ -128,8 +128,8 @@ def test_queued_job_waits_with_a_reason_and_cancels_at_once(http):
     first = submit(http, gpus=2, script=upload(http), args=["--lines", "10000", "--interval", "0.1"])
     second = submit(http, gpus=4, script=upload(http), args=["--lines", "1"])
     wait_state(first, {State.RUNNING})
-    queued = wait_for(lambda: (j := Job.objects.get(pk=second)).reason.startswith("waiting") and j,
-                      message="the second job to wait")
+    queued = wait_for(lambda: (j := Job.objects.get(pk=second)).reason.startswith("waiting for capacity") and j,
+                      message="the scheduler to tell why the second job waits")
     assert queued.state == State.QUEUED
     assert queued.reason == "waiting for capacity: 2 of 4 GPUs in use, this job needs 4"
     assert http.get(f"{http.base}/api/jobs/{second}/").json()["queue_position"] == 1
