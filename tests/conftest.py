@@ -18,6 +18,13 @@ VENV_BIN = Path(sys.executable).parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Fast tests first; integration and browser tests (which start services) last."""
+    def slow(item):
+        return any(item.get_closest_marker(name) for name in ("integration", "browser"))
+    items.sort(key=slow)
+
+
 def wait_for(condition, timeout=60.0, interval=0.1, message="condition"):
     """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout

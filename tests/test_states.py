@@ -67,12 +67,12 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     for _ in range(6):
         Job.objects.create(owner=owner, image=image, gpus=2, script=script, time_limit_minutes=5)
 
-    barrier, errors = threading.Barrier(8), []
+    barrier, errors, admitted = threading.Barrier(8), [], []
 
     def admit():
         try:
             barrier.wait()
-            services.admit_queued()
+            admitted.extend(services.admit_queued())
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -84,8 +84,8 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     for thread in threads:
         thread.join(timeout=60)
     assert not errors
-    launching = Job.objects.filter(state=State.LAUNCHING)
-    assert launching.count() == 2                                           # 2 x 2 GPUs = 4
+    jobs = list(Job.objects.order_by("created_at", "id"))
+    assert sorted(admitted) == [jobs[0].pk, jobs[1].pk]                     # 2 x 2 GPUs = 4, oldest first
     waiting = Job.objects.filter(state=State.QUEUED).order_by("created_at", "id")
     assert waiting.count() == 4
     assert waiting[0].reason == "waiting for capacity: 4 of 4 GPUs in use, this job needs 2"
