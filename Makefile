@@ -10,7 +10,7 @@ PORT   ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/ringmaster
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run test test-services bench clean
+.PHONY: install run test test-services clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +38,6 @@ test-services:
 
 test: install test-services
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
-
-bench: install test-services
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var
