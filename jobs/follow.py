@@ -62,10 +62,6 @@ def claim(job_id, me):
     return False
 
 
-def still_mine(job_id, me):
-    return Job.objects.filter(pk=job_id, follower=me).exists()
-
-
 def heartbeat(job_id, me):
     return Job.objects.filter(pk=job_id, follower=me).update(follower_heartbeat=timezone.now()) == 1
 

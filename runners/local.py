@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from .base import Exited, JobSpec, Output, Runner, Started, Waiting
+from .base import Exited, Output, Runner, Started, Waiting
 
 JOB_MARKER = "RINGMASTER_JOB_ID"
 READ_CHUNK = 1 << 20

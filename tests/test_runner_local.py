@@ -1,9 +1,7 @@
 """The local runner with real horovodrun: argv stays argv, and the portal's secrets stay out."""
 import json
-import os
 import sys
 
-import pytest
 
 from runners.base import Exited, JobSpec, Output
 from runners.local import LocalRunner

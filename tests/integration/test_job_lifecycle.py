@@ -2,8 +2,6 @@
 real Celery worker with real horovodrun, output stored in PostgreSQL."""
 import re
 import signal
-import time
-from pathlib import Path
 
 import pytest
 import requests
