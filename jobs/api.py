@@ -8,8 +8,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import services
+from .services import visible_jobs
 from .forms import JobForm, ScriptUploadForm, visible_scripts
-from .models import Image, Job, LogLine, MetricPoint
+from .models import Image, LogLine, MetricPoint
 from .serializers import (
     ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
     ScriptSerializer, ScriptUploadRequest, rank_label,
@@ -22,11 +23,6 @@ def form_errors(form):
     """{"field": ["message", ...]}, with form-wide errors under "non_field_errors"."""
     return {("non_field_errors" if name == "__all__" else name): list(messages)
             for name, messages in form.errors.items()}
-
-
-def visible_jobs(user):
-    jobs = Job.objects.select_related("owner", "image", "script")
-    return jobs if user.is_staff else jobs.filter(owner=user)
 
 
 def get_job(request, job_id):

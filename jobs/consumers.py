@@ -17,15 +17,11 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from .live import group_name
 from .models import Job, LogLine, MetricPoint
-from .serializers import rank_label
+from .serializers import LogLineSerializer, rank_label
+from .services import visible_jobs
 
 BATCH = 1000
 POLL_SECONDS = 1.0
-
-
-def _line(line):
-    return {"seq": line.seq, "rank": rank_label(line.rank), "stream": line.stream, "ts": line.ts,
-            "text": line.text}
 
 
 def _point(point):
@@ -88,10 +84,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             lines, points = await self._fetch(self.last_seq)
             if not lines:
                 return
-            await self.send_json({"type": "lines", "lines": [_line(l) for l in lines]})
+            await self.send_json({"type": "lines", "lines": lines})
             if points:
                 await self.send_json({"type": "metrics", "points": [_point(p) for p in points]})
-            self.last_seq = lines[-1].seq
+            self.last_seq = lines[-1]["seq"]
             if len(lines) < BATCH:
                 return
 
@@ -104,8 +100,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _may_see(self, user):
-        jobs = Job.objects.filter(pk=self.job_id)
-        return jobs.exists() if user.is_staff else jobs.filter(owner=user).exists()
+        return visible_jobs(user).filter(pk=self.job_id).exists()
 
     @database_sync_to_async
     def _fetch(self, after):
@@ -114,7 +109,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if lines:
             points = list(MetricPoint.objects.filter(job_id=self.job_id, seq__gt=after, seq__lte=lines[-1].seq)
                           .order_by("seq", "id"))
-        return lines, points
+        return LogLineSerializer(lines, many=True).data, points
 
     @database_sync_to_async
     def _state(self):

@@ -15,6 +15,12 @@ class CannotCancel(Exception):
     pass
 
 
+def visible_jobs(user):
+    """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
+    jobs = Job.objects.select_related("owner", "image", "script")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
 def submit(user, form):
     """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it."""
     from .tasks import dispatch

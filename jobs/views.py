@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from . import services
-from .api import visible_jobs
+from .services import visible_jobs
 from .forms import JobForm, JobPageForm
 from .models import LogLine
 
