@@ -22,6 +22,8 @@ import psutil
 from .base import Exited, Output, Runner, Started, Waiting
 
 JOB_MARKER = "RINGMASTER_JOB_ID"
+# What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
+JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
 # The wrapper records horovodrun's exit code atomically. User words never enter this string:
 # they are positional parameters, expanded by "$@" without being parsed again.
@@ -60,6 +62,8 @@ class LocalRunner(Runner):
             "PYTHONUNBUFFERED": "1",
         }
         env.update(spec.env)
+        # ringmaster_metrics first; a PYTHONPATH the user set comes after it.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_PYTHON), spec.env.get("PYTHONPATH")) if p)
         env[JOB_MARKER] = str(spec.job_id)
         return env
 
