@@ -16,10 +16,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, alone: `pip install torch==2.13.0` takes the local CPU build, never the CUDA one.
-$(STAMP): requirements.txt deploy/install-horovod.sh | $(PY)
+$(STAMP): requirements.txt pyproject.toml deploy/install-horovod.sh | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .  # the ringmaster command
 	deploy/install-horovod.sh $(PY)
 	touch $@
 
