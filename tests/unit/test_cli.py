@@ -1,0 +1,174 @@
+"""The ringmaster command without a portal: configuration, arguments, output format, errors."""
+import subprocess
+import sys
+
+import pytest
+
+from jobs import cli
+from tests.conftest import ROOT
+
+TOKEN = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_config(path, **values):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[ringmaster]\n" + "".join(f"{k} = {v}\n" for k, v in values.items()))
+    return path
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A clean environment: no RINGMASTER_* variables, HOME in a temporary folder."""
+    for name in ("RINGMASTER_URL", "RINGMASTER_TOKEN", "RINGMASTER_CONFIG", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+def test_defaults_without_environment_or_file(tmp_path):
+    config = cli.load_config({"HOME": str(tmp_path)})
+    assert config.url == "http://127.0.0.1:8000" and config.token is None
+    assert config.path == tmp_path / ".config" / "ringmaster" / "config.ini"
+
+
+def test_the_default_config_file_gives_url_and_token(tmp_path):
+    write_config(tmp_path / ".config" / "ringmaster" / "config.ini", url="https://rm.example.com/", token=TOKEN)
+    config = cli.load_config({"HOME": str(tmp_path)})
+    assert (config.url, config.token) == ("https://rm.example.com", TOKEN)
+
+
+def test_environment_wins_over_the_file(tmp_path):
+    path = write_config(tmp_path / "rm.ini", url="http://file:1", token="from-file")
+    config = cli.load_config({"RINGMASTER_CONFIG": str(path), "RINGMASTER_URL": "http://env:2",
+                              "RINGMASTER_TOKEN": "from-env", "HOME": str(tmp_path)})
+    assert (config.url, config.token) == ("http://env:2", "from-env")
+    only_url = cli.load_config({"RINGMASTER_CONFIG": str(path), "RINGMASTER_URL": "http://env:2"})
+    assert (only_url.url, only_url.token) == ("http://env:2", "from-file")
+
+
+def test_xdg_config_home_is_honoured(tmp_path):
+    write_config(tmp_path / "xdg" / "ringmaster" / "config.ini", token="xdg")
+    assert cli.load_config({"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "HOME": "/nonexistent"}).token == "xdg"
+
+
+def test_a_missing_explicit_config_file_or_a_bad_url_is_a_usage_error(tmp_path):
+    with pytest.raises(cli.CliError) as missing:
+        cli.load_config({"RINGMASTER_CONFIG": str(tmp_path / "nope.ini")})
+    assert missing.value.code == 2 and "nope.ini" in str(missing.value)
+    with pytest.raises(cli.CliError) as bad:
+        cli.load_config({"RINGMASTER_URL": "127.0.0.1:8000", "HOME": str(tmp_path)})
+    assert bad.value.code == 2 and "http://host:port" in str(bad.value)
+
+
+def test_a_broken_config_file_is_reported_without_its_content(tmp_path):
+    path = tmp_path / "rm.ini"
+    path.write_text(f"token = {TOKEN}\n")                   # no section header
+    with pytest.raises(cli.CliError) as error:
+        cli.load_config({"RINGMASTER_CONFIG": str(path)})
+    assert error.value.code == 2 and TOKEN not in str(error.value)
+
+
+def test_the_token_never_shows_in_the_config_repr(tmp_path):
+    config = cli.load_config({"RINGMASTER_TOKEN": TOKEN, "HOME": str(tmp_path)})
+    assert TOKEN not in repr(config) and TOKEN not in str(config)
+
+
+def test_no_token_tells_how_to_get_one(home, capsys):
+    assert cli.main(["ls"]) == 2
+    err = capsys.readouterr().err
+    assert "no API token" in err and "RINGMASTER_TOKEN" in err
+    assert "python manage.py create_api_token <username>" in err
+    assert str(home / ".config" / "ringmaster" / "config.ini") in err
+
+
+def test_a_missing_local_script_is_refused_before_any_request(home, monkeypatch, capsys):
+    monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
+    monkeypatch.setenv("RINGMASTER_URL", "http://127.0.0.1:9")          # nothing listens there
+    assert cli.main(["submit", "--image", "horovod-cpu", "--gpus", "2", str(home / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.py: no such file" in err and "--script-path" in err and TOKEN not in err
+    assert cli.main(["submit", "--image", "i", "--gpus", "2", "--script-path", "/a.py", str(home / "x.py")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert cli.main(["submit", "--image", "i", "--gpus", "2"]) == 2
+    assert "give the script to run" in capsys.readouterr().err
+
+
+def test_an_unreachable_portal_is_a_clear_error(home, monkeypatch, capsys):
+    monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
+    monkeypatch.setenv("RINGMASTER_URL", "http://127.0.0.1:9")
+    assert cli.main(["ls"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach the portal at http://127.0.0.1:9" in err and TOKEN not in err
+
+
+# --- arguments --------------------------------------------------------------------------------
+
+def test_submit_arguments_and_everything_after_the_double_dash():
+    args = cli.parse_args(["submit", "--image", "horovod-cpu", "--gpus", "2", "--name", "n", "--env", "LR=0.1",
+                           "--env", "EMPTY=", "--env", "EQ=a=b", "--backend", "local", "--time-limit", "30", "-f",
+                           "train.py", "--", "--epochs", "2", "--", "$(id)"])
+    assert (args.command, args.image, args.gpus, args.name, args.script) == ("submit", "horovod-cpu", 2, "n", "train.py")
+    assert args.env == [("LR", "0.1"), ("EMPTY", ""), ("EQ", "a=b")]
+    assert (args.backend, args.time_limit, args.follow, args.quiet) == ("local", 30, True, False)
+    assert args.script_args == ["--epochs", "2", "--", "$(id)"]                # literally, never a shell
+
+
+def test_submit_with_a_path_inside_the_image_and_no_args():
+    args = cli.parse_args(["submit", "--image", "3", "--gpus", "1", "--script-path", "/opt/train.py", "-q"])
+    assert (args.script, args.script_path, args.script_args, args.quiet) == (None, "/opt/train.py", [], True)
+
+
+@pytest.mark.parametrize("argv", [
+    ["submit", "--gpus", "2", "t.py"],                                # --image is required
+    ["submit", "--image", "i", "--gpus", "two", "t.py"],              # not a number
+    ["submit", "--image", "i", "--gpus", "2", "--env", "NOVALUE", "t.py"],
+    ["submit", "--image", "i", "--gpus", "2", "t.py", "--epochs", "2"],  # script args need `--`
+    ["logs", "7", "--rank", "worker"],
+    ["logs", "seven"],
+    ["logs", "7", "--", "x"],                                          # `--` only goes with submit
+    ["ls", "--limit", "0"],
+    ["cancel"],
+    [],
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(argv)
+    assert exit_.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_logs_cancel_and_ls_arguments():
+    logs = cli.parse_args(["logs", "-f", "12", "--rank", "launcher"])
+    assert (logs.job_id, logs.follow, logs.rank) == (12, True, "launcher")
+    assert cli.parse_args(["logs", "12", "--rank", "3"]).rank == "3"
+    assert cli.parse_args(["cancel", "5"]).job_id == 5
+    ls = cli.parse_args(["ls", "--state", "RUNNING", "--limit", "5"])
+    assert (ls.state, ls.limit) == ("RUNNING", 5)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+def test_lines_are_labelled_by_rank_and_stream():
+    assert cli.format_line({"seq": 1, "rank": 0, "stream": "stdout", "text": "hi"}) == "[0] hi"
+    assert cli.format_line({"seq": 2, "rank": 1, "stream": "stderr", "text": "oops"}) == "[1 stderr] oops"
+    assert cli.format_line({"seq": 3, "rank": "launcher", "stream": "stdout", "text": "x"}) == "[launcher] x"
+    assert cli.rank_matches({"rank": "launcher"}, "launcher") and cli.rank_matches({"rank": 3}, "3")
+    assert not cli.rank_matches({"rank": 3}, "1") and cli.rank_matches({"rank": 3}, None)
+
+
+def test_field_errors_name_each_field():
+    error = cli.FieldErrors({"gpus": ["Ensure this value is greater than or equal to 1."],
+                             "non_field_errors": ["Send a JSON object."]})
+    assert error.code == 2
+    assert str(error).splitlines() == ["gpus: Ensure this value is greater than or equal to 1.", "Send a JSON object."]
+
+
+def test_the_cli_imports_no_django_and_nothing_of_the_portal():
+    code = ("import sys, jobs.cli; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('django', 'rest_framework', 'channels', 'celery', 'portal') or m in ('jobs.models', 'jobs.services')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
