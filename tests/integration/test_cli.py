@@ -1,0 +1,259 @@
+"""The installed `ringmaster` command against a real uvicorn, Celery worker and horovodrun:
+submit, follow (also across a web server restart), list, cancel, and its errors."""
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+from rest_framework.authtoken.models import Token
+
+from jobs.cli import format_line
+from jobs.models import Job, LogLine, MetricPoint, Script, State
+from jobs.serializers import rank_label
+from tests.conftest import VENV_BIN, Service, free_port, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+RINGMASTER = Path(sys.executable).parent / "ringmaster"
+ENDED = {State.SUCCEEDED, State.FAILED, State.CANCELLED}
+
+TRAIN = '''"""Each rank prints numbered lines and reports a metric every 10 of them."""
+import argparse
+import time
+
+import horovod.torch as hvd
+import ringmaster_metrics
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lines", type=int, default=20)
+parser.add_argument("--interval", type=float, default=0.0)
+args = parser.parse_args()
+hvd.init()
+rank = hvd.rank()
+for i in range(args.lines):
+    print(f"rank={rank} line={i}", flush=True)
+    if i % 10 == 0:
+        ringmaster_metrics.log(step=i, loss=1.0 / (i + 1))
+    time.sleep(args.interval)
+hvd.allreduce(torch.zeros(1), name="done")
+print(f"rank={rank} done", flush=True)
+'''
+
+
+@pytest.fixture
+def train_py(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+def cli_env(url, user, tmp_path):
+    """Only what the command needs: no database URL, no secrets of the portal, no config file."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "RINGMASTER_URL": url,
+            "RINGMASTER_TOKEN": Token.objects.get_or_create(user=user)[0].key}
+
+
+@pytest.fixture
+def env(live_portal, celery_worker, image, alice, tmp_path):
+    return cli_env(live_portal, alice, tmp_path)
+
+
+def ringmaster(env, *argv, timeout=180):
+    return subprocess.run([str(RINGMASTER), *map(str, argv)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class Background:
+    """`ringmaster ...` running in the background; its output is collected line by line."""
+
+    def __init__(self, env, *argv):
+        self.process = subprocess.Popen([str(RINGMASTER), *map(str, argv)], env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                        for stream, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, lines):
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    def wait(self, timeout=180):
+        try:
+            code = self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return code
+
+
+def submit(env, script, *args, gpus=2, name="cli test"):
+    result = ringmaster(env, "submit", "-q", "--image", "horovod-cpu", "--gpus", gpus, "--name", name,
+                        script, "--", *args)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.strip())
+
+
+def wait_state(job_id, states, timeout=120):
+    def reached():
+        job = Job.objects.get(pk=job_id)
+        return job if job.state in states else None
+    return wait_for(reached, timeout=timeout, interval=0.2, message=f"job {job_id} to reach {states}")
+
+
+def expected_output(job_id):
+    """Every stored line of the job, in seq order, as the command prints it."""
+    return [format_line({"rank": rank_label(l.rank), "stream": l.stream, "text": l.text})
+            for l in LogLine.objects.filter(job_id=job_id).order_by("seq")]
+
+
+def numbered(lines, rank):
+    return [int(m[1]) for line in lines if (m := re.fullmatch(rf"\[{rank}\] rank={rank} line=(\d+)", line))]
+
+
+def test_submit_follow_ls_and_logs_of_a_two_rank_job(env, train_py):
+    follow = Background(env, "submit", "--image", "horovod-cpu", "--gpus", "2", "--name", "cli hello",
+                        "--env", "GREETING=hi", "-f", train_py, "--", "--lines", "30", "--interval", "0.02")
+    assert follow.wait() == 0, follow.err
+    submitted = re.fullmatch(r"job (\d+) submitted \(QUEUED\): (http://\S+/jobs/\1/)", follow.out[0])
+    assert submitted, follow.out[:3]
+    job_id = int(submitted[1])
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.name, job.env, job.args) == (State.SUCCEEDED, "cli hello", {"GREETING": "hi"},
+                                                        ["--lines", "30", "--interval", "0.02"])
+    assert follow.err[-1] == f"ringmaster: job {job_id} SUCCEEDED"
+
+    lines = expected_output(job_id)
+    assert follow.out[1:] == lines                                   # every line once, in seq order
+    for rank in (0, 1):
+        assert numbered(lines, rank) == list(range(30)) and f"[{rank}] rank={rank} done" in lines
+
+    points = MetricPoint.objects.filter(job_id=job_id, name="loss")
+    assert sorted((p.rank, p.step) for p in points) == [(r, s) for r in (0, 1) for s in (0, 10, 20)]
+
+    again = ringmaster(env, "logs", "-f", job_id)                   # an ended job: replay, then exit
+    assert again.returncode == 0 and again.stdout.splitlines() == lines
+    stored = ringmaster(env, "logs", job_id)
+    assert stored.returncode == 0 and stored.stdout.splitlines() == lines
+    rank1 = ringmaster(env, "logs", job_id, "--rank", "1")
+    assert rank1.stdout.splitlines() == [line for line in lines if line.startswith(("[1] ", "[1 stderr] "))]
+
+    listed = ringmaster(env, "ls")
+    assert listed.returncode == 0
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON"]
+    row = next(r for r in rows if r.split()[0] == str(job_id))
+    assert row.split()[1:6] == ["cli", "hello", "SUCCEEDED", "2", "local"]
+    assert env["RINGMASTER_TOKEN"] not in follow.out + follow.err + [listed.stdout, listed.stderr]
+
+
+def test_cancel_a_running_job_and_a_follower_sees_it_end(env, train_py):
+    job_id = submit(env, train_py, "--lines", "100000", "--interval", "0.05")
+    follow = Background(env, "logs", "-f", job_id)
+    wait_for(lambda: numbered(follow.out, 1), timeout=120, message="rank 1's lines to be printed")
+
+    cancelled = ringmaster(env, "cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() == f"job {job_id}: cancel requested; its processes are being stopped"
+
+    assert follow.wait(timeout=120) == 1
+    assert follow.err[-1].startswith(f"ringmaster: job {job_id} CANCELLED")
+    assert Job.objects.get(pk=job_id).state == State.CANCELLED
+    assert follow.out == expected_output(job_id)
+
+    again = ringmaster(env, "cancel", job_id)
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"ringmaster: job {job_id} has already ended (cancelled)"
+
+
+def test_another_users_job_is_not_found(env, image, make_user):
+    bob = make_user("bob")
+    script = Script.objects.create(owner=bob, name="b.py", sha256="0" * 64, size=1, content="x")
+    theirs = Job.objects.create(owner=bob, image=image, gpus=1, script=script, time_limit_minutes=5,
+                                state=State.CANCELLED)
+    for job_id in (theirs.pk, 999999):
+        for argv in (["logs", job_id], ["logs", "-f", job_id], ["cancel", job_id]):
+            result = ringmaster(env, *argv)
+            assert (result.returncode, result.stdout) == (1, ""), argv
+            assert result.stderr.strip() == f"ringmaster: job {job_id} not found", argv
+    assert str(theirs.pk) not in [line.split()[0] for line in ringmaster(env, "ls").stdout.splitlines()]
+
+
+def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
+    before = Job.objects.count()
+    zero = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "0", train_py)
+    assert zero.returncode == 2
+    assert zero.stderr.strip() == "ringmaster: gpus: Ensure this value is greater than or equal to 1."
+    many = ringmaster(env, "submit", "--image", "no-such-image", "--gpus", "100", train_py)
+    assert many.returncode == 2
+    errors = many.stderr.splitlines()
+    assert "ringmaster: gpus: At most 8 GPUs per job." in errors
+    assert any(line.startswith("ringmaster: image: No enabled image 'no-such-image'") for line in errors)
+    assert Job.objects.count() == before
+
+
+def test_a_refused_token_is_a_clear_error_that_does_not_echo_it(env):
+    bad = dict(env, RINGMASTER_TOKEN="not-a-real-token-0123456789")
+    result = ringmaster(bad, "ls")
+    assert result.returncode == 2
+    assert "the portal refused the token (HTTP 401)" in result.stderr and "create_api_token" in result.stderr
+    assert "not-a-real-token" not in result.stdout + result.stderr
+
+
+@pytest.fixture
+def restartable_portal(service_env, celery_worker, tmp_path):
+    """A uvicorn of this test's own, which the test kills and starts again on the same port."""
+    port = free_port()
+    server = Service("web-restart", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
+                                     "--port", str(port)], service_env, tmp_path / "web.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return requests.get(f"{url}/login/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    server.up = up
+    server.url = url
+    server.start()
+    wait_for(up, timeout=90, message="uvicorn to serve the portal")
+    yield server
+    server.stop()
+
+
+def test_logs_follow_resumes_after_the_web_server_restarts_without_losing_or_repeating(
+        restartable_portal, image, alice, tmp_path, train_py):
+    env = cli_env(restartable_portal.url, alice, tmp_path)
+    job_id = submit(env, train_py, "--lines", "300", "--interval", "0.05")
+    follow = Background(env, "logs", "-f", job_id)
+    wait_for(lambda: len(numbered(follow.out, 0)) >= 20, timeout=120, message="the first lines to be printed")
+
+    restartable_portal.kill(signal.SIGKILL)
+    stored_while_down = LogLine.objects.filter(job_id=job_id).count()
+    wait_for(lambda: LogLine.objects.filter(job_id=job_id).count() >= stored_while_down + 40, timeout=60,
+             message="the job to store more lines while the web server is down")
+    restartable_portal.start()
+    wait_for(restartable_portal.up, timeout=90, message="uvicorn to serve again")
+
+    assert follow.wait(timeout=180) == 0, follow.err
+    assert any("lost the portal" in line and "reconnecting" in line for line in follow.err)
+    assert "ringmaster: reconnected" in follow.err
+    lines = expected_output(job_id)
+    assert follow.out == lines                                       # nothing lost, nothing repeated
+    for rank in (0, 1):
+        assert numbered(follow.out, rank) == list(range(300))
