@@ -214,7 +214,7 @@ def reconcile():
 
     Returns the ids of the jobs that were handed to a new follower.
     """
-    from .services import admit_queued
+    from .services import admit
     from .tasks import run_job
 
     timeout = settings.RINGMASTER_LAUNCH_TIMEOUT_SECONDS
@@ -228,5 +228,5 @@ def reconcile():
         Job.objects.filter(pk=job.pk, follower=job.follower).update(follower="", follower_heartbeat=timezone.now())
         run_job.delay(job.pk)
         reattached.append(job.pk)
-    admit_queued()
+    admit()
     return reattached

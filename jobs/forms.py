@@ -12,12 +12,14 @@ from django import forms
 from django.conf import settings
 from django.db.models import Q
 
+from . import quotas
 from .models import Backend, Image, Script
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARGS = 1000
 MAX_ARG_CHARS = 8192
 MAX_ENV = 500
+MAX_PRIORITY = 1000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
 IMPLEMENTED_BACKENDS = {Backend.LOCAL}
@@ -139,6 +141,10 @@ class JobForm(forms.Form):
     env = StringMapField(required=False)
     backend = forms.ChoiceField(choices=Backend.choices, required=False)
     time_limit_minutes = forms.IntegerField(required=False, min_value=1)
+    group = forms.CharField(max_length=150, required=False,
+                            help_text="The group (team) this job is charged to; empty: your default group.")
+    priority = forms.IntegerField(required=False, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
+                                  help_text="Staff only. Higher runs first; default 0.")
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -180,6 +186,24 @@ class JobForm(forms.Form):
             raise forms.ValidationError(f"The {backend} backend is not available on this portal yet.")
         return backend
 
+    def clean_group(self):
+        """A group the user belongs to, by name; none given: the user's default group."""
+        name = (self.cleaned_data["group"] or "").strip()
+        groups = quotas.groups_of(self.user)
+        if not name:
+            return quotas.default_group(self.user, groups)
+        group = next((g for g in groups if g.name == name), None)
+        if group is None:
+            mine = ", ".join(g.name for g in groups) or "none"
+            raise forms.ValidationError(f"You are not a member of group {name!r}. Your groups: {mine}.")
+        return group
+
+    def clean_priority(self):
+        priority = self.cleaned_data["priority"]
+        if priority not in (None, 0) and not self.user.is_staff:
+            raise forms.ValidationError("Only staff may set a priority.")
+        return priority or 0
+
     def clean_time_limit_minutes(self):
         minutes = self.cleaned_data["time_limit_minutes"] or settings.RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES
         limit = settings.RINGMASTER_MAX_TIME_LIMIT_MINUTES
@@ -199,6 +223,11 @@ class JobForm(forms.Form):
         backend, gpus = data.get("backend"), data.get("gpus")
         if backend == Backend.LOCAL and gpus and gpus > settings.RINGMASTER_LOCAL_GPUS:
             self.add_error("gpus", f"This machine runs at most {settings.RINGMASTER_LOCAL_GPUS} processes per job.")
+        elif backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
+            # A job that can never fit its quota is refused now, naming the limit, not queued forever.
+            problem = quotas.refusal(self.user, data.get("group"), backend, gpus)
+            if problem:
+                self.add_error("gpus", problem)
         return data
 
     def _has_upload(self):
@@ -217,6 +246,8 @@ class JobForm(forms.Form):
             "env": data["env"],
             "backend": data["backend"],
             "time_limit_minutes": data["time_limit_minutes"],
+            "charged_group": data.get("group"),      # absent on the page of a user in no group
+            "priority": data.get("priority") or 0,   # absent on a non-staff user's page
         }
 
 
@@ -259,7 +290,10 @@ class JobPageForm(JobForm):
     args = ArgsTextField(required=False, widget=forms.TextInput, help_text="Split like a command line; no shell runs them.")
     env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
 
-    field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend", "time_limit_minutes"]
+    group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
+
+    field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend",
+                   "time_limit_minutes", "group", "priority"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -273,6 +307,16 @@ class JobPageForm(JobForm):
         )
         self.fields["gpus"].initial = 2
         self.fields["script_path"].help_text = "Or a path to a script inside the image."
+        groups = quotas.groups_of(self.user)
+        if groups:
+            default = quotas.default_group(self.user, groups)
+            self.fields["group"].choices = [(g.name, g.name) for g in groups]
+            self.fields["group"].initial = default.name
+            self.fields["group"].help_text = "Its GPUs count against this group's quota as well as yours."
+        else:
+            del self.fields["group"]
+        if not self.user.is_staff:
+            del self.fields["priority"]
 
     def clean_image(self):
         return ImageField().clean(self.cleaned_data["image"])

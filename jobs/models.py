@@ -3,7 +3,10 @@
 A job's state changes only through jobs.states.transition().
 """
 from django.conf import settings
+from django.contrib.auth.models import Group
+from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models import Q
 
 
 class Image(models.Model):
@@ -83,6 +86,15 @@ class Job(models.Model):
     backend = models.CharField(max_length=20, choices=Backend.choices, default=Backend.LOCAL)
     time_limit_minutes = models.PositiveIntegerField()
 
+    # Scheduling: higher priority first, then earlier submission (jobs.services.admit). The job's
+    # GPUs count against its owner's quota and against the quota of the group it is charged to.
+    priority = models.IntegerField(default=0)
+    charged_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="charged_jobs", verbose_name="group")
+    held = models.BooleanField(default=False, help_text="A held job stays queued until released.")
+    held_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+
     state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED, db_index=True)
     reason = models.CharField(max_length=500, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -104,6 +116,15 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The job list (newest first), everyone's and one owner's.
+            models.Index(fields=["-created_at", "-id"], name="job_newest"),
+            models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_newest"),
+            # The scheduler's order over queued jobs, and queue positions.
+            models.Index(fields=["state", "-priority", "created_at", "id"], name="job_queue_order"),
+            # Usage in a rolling window: jobs that ended since a moment.
+            models.Index(fields=["finished_at"], name="job_finished_at"),
+        ]
 
     def __str__(self):
         return self.display_name
@@ -172,3 +193,65 @@ class SchedulerLock(models.Model):
     """One row, locked FOR UPDATE while admitting, so admission decisions never race."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+
+
+class Quota(models.Model):
+    """Limits for one user or one group (a team), on all backends together or on one backend.
+
+    An empty limit means: for a user's all-backends row, the site default (settings
+    RINGMASTER_DEFAULT_QUOTA_*); for a group's row or a per-backend row, no limit of that kind.
+    A user without any row gets the site default. All the rows that apply to a job must hold:
+    its owner's, and those of the group it is charged to (pooled across the group's members).
+    Changes made in the admin are kept in its history (who, when, what).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="quotas")
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
+    backend = models.CharField(max_length=20, choices=Backend.choices, blank=True,
+                               help_text="Empty: the limits hold for all backends together.")
+    gpus = models.PositiveIntegerField(null=True, blank=True, verbose_name="GPUs at once",
+                                       help_text="GPUs of launching and running jobs together.")
+    jobs = models.PositiveIntegerField(null=True, blank=True, verbose_name="jobs at once",
+                                       help_text="Launching and running jobs together.")
+    gpus_per_job = models.PositiveIntegerField(null=True, blank=True, verbose_name="GPUs per job",
+                                               help_text="A larger job is refused when it is submitted.")
+    gpu_hours = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)],
+                                  verbose_name="GPU-hours per window",
+                                  help_text="GPUs x running time, over the last `window days` (a rolling window).")
+    window_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                              help_text="Length of the GPU-hours window; empty: the site default.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["group__name", "user__username", "backend"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False)),
+                name="quota_user_xor_group",
+            ),
+            models.UniqueConstraint(fields=["user", "backend"], condition=Q(user__isnull=False),
+                                    name="quota_once_per_user_backend"),
+            models.UniqueConstraint(fields=["group", "backend"], condition=Q(group__isnull=False),
+                                    name="quota_once_per_group_backend"),
+        ]
+
+    def __str__(self):
+        who = f"user {self.user}" if self.user_id else f"group {self.group}"
+        return f"{who} on {self.backend}" if self.backend else who
+
+
+class UserSettings(models.Model):
+    """Per-user choices: the group a job is charged to when the submission names none."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="ringmaster_settings")
+    default_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                      help_text="Charged when a job names no group (must be one of the user's groups).")
+
+    class Meta:
+        verbose_name = "user settings"
+        verbose_name_plural = "user settings"
+
+    def __str__(self):
+        return f"settings of {self.user}"

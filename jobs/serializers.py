@@ -28,6 +28,7 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.get_username")
     image = serializers.CharField(source="image.name")
     script_name = serializers.CharField()
+    group = serializers.CharField(source="charged_group.name", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
 
@@ -35,11 +36,15 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "name", "owner", "image", "gpus", "script", "script_name", "script_path", "args", "env",
-            "backend", "time_limit_minutes", "state", "reason", "exit_code", "failed_rank", "queue_position",
-            "cancel_requested", "created_at", "started_at", "finished_at", "gpu_seconds", "url",
+            "backend", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
+            "gpu_seconds", "url",
         ]
 
     def get_queue_position(self, job) -> int | None:
+        """Place in the scheduler's order while queued (1: next); None otherwise or when held."""
+        if hasattr(job, "queue_pos"):          # a list annotated by services.with_queue_position
+            return job.queue_pos
         return queue_position(job)
 
     def get_url(self, job) -> str:
@@ -83,6 +88,29 @@ class JobCreateRequest(serializers.Serializer):
     cluster = serializers.CharField(required=False)
     name = serializers.CharField(required=False)
     time_limit_minutes = serializers.IntegerField(required=False, min_value=1)
+    group = serializers.CharField(required=False, help_text="Group to charge (one of yours); default: your default group.")
+    priority = serializers.IntegerField(required=False, help_text="Staff only; higher runs first (default 0).")
+
+
+class QuotaScopeSerializer(serializers.Serializer):
+    scope = serializers.ChoiceField(choices=["user", "group"])
+    name = serializers.CharField()
+    backend = serializers.CharField(allow_null=True, help_text="null: all backends together.")
+    source = serializers.CharField(help_text='"site default", "quota", or "quota and site default".')
+    limits = serializers.DictField(help_text="gpus, jobs, gpus_per_job, gpu_hours (null: no limit), window_days.")
+    use = serializers.DictField(help_text="gpus and jobs running now, gpu_hours in the window.")
+    lines = serializers.ListField(child=serializers.CharField())
+
+
+class QuotaSerializer(serializers.Serializer):
+    """GET /api/quota/: the caller's limits and current use (documents the shape)."""
+
+    user = serializers.CharField()
+    groups = serializers.ListField(child=serializers.CharField())
+    default_group = serializers.CharField(allow_null=True)
+    limits = serializers.DictField(help_text="Your own limits on all backends (the first scope).")
+    use = serializers.DictField()
+    scopes = QuotaScopeSerializer(many=True)
 
 
 class ScriptUploadRequest(serializers.Serializer):

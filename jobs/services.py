@@ -4,11 +4,12 @@ Views, the API, the CLI, Celery tasks and management commands all come through h
 """
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Case, ExpressionWrapper, F, Func, IntegerField, OuterRef, Q, Subquery, When
 from django.utils import timezone
 
-from . import states
-from .models import ACTIVE_STATES, Backend, Job, JobEvent, SchedulerLock, Script, State
+from . import quotas, states
+from .live import publish_state
+from .models import Backend, Job, JobEvent, SchedulerLock, Script, State
 
 
 class CannotCancel(Exception):
@@ -17,7 +18,7 @@ class CannotCancel(Exception):
 
 def visible_jobs(user):
     """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
-    jobs = Job.objects.select_related("owner", "image", "script")
+    jobs = Job.objects.select_related("owner", "image", "script", "charged_group")
     return jobs if user.is_staff else jobs.filter(owner=user)
 
 
@@ -43,6 +44,8 @@ def resubmit_data(job):
         "name": job.name, "image": job.image_id, "gpus": job.gpus, "args": job.args, "env": job.env,
         "backend": job.backend, "time_limit_minutes": job.time_limit_minutes,
     }
+    if job.charged_group_id:
+        data["group"] = job.charged_group.name
     if job.script_id:
         data["script"] = job.script_id
     else:
@@ -72,53 +75,184 @@ def _lock_scheduler():
     return SchedulerLock.objects.select_for_update().get(pk=1)
 
 
-def _local_gpus_in_use():
-    active = Job.objects.filter(backend=Backend.LOCAL, state__in=ACTIVE_STATES)
-    return active.aggregate(total=Sum("gpus"))["total"] or 0
+def backend_capacity(backend):
+    """GPUs `backend` can run at once; None where the backend queues beyond its size itself."""
+    if backend == Backend.LOCAL:
+        return settings.RINGMASTER_LOCAL_GPUS
+    return None
 
 
-def admit_queued():
-    """Admit queued jobs, oldest first, as far as capacity allows. Returns the admitted ids.
+def admit():
+    """Admit the queued jobs that fit, as quotas and capacity allow. Returns the admitted ids.
 
-    Admission is first come, first served per backend: once a job does not fit, later jobs of
-    the same backend wait behind it, so a large job is never starved by a stream of small ones.
+    The one place where admission rules live. It runs under the scheduler's row lock (one
+    decision at a time across every process, so no quota or capacity is ever overbooked, even
+    under races), on submit and whenever a job ends (the `dispatch` task), and from beat.
+
+    Order: higher `priority` first, then earlier submission. Each job, in that order:
+
+    1. held by an admin: stays queued ("held by <admin>"), holds nothing back;
+    2. can never fit its limits (e.g. more GPUs than its per-job limit, after a quota was
+       lowered): stays queued and says so, holds nothing back;
+    3. shares a quota scope (its user, its group, per backend) with an earlier job that is
+       waiting on that scope: waits behind it;
+    4. would break a quota of one of its scopes: waits with the reason ("waiting for quota:
+       group vision: 14 of 16 GPUs in use, needs 4") and *reserves* those scopes;
+    5. does not fit the backend's free GPUs: waits ("waiting for capacity: ...") and reserves
+       the backend's capacity, or waits behind the job that reserved it;
+    6. otherwise it is admitted (LAUNCHING) and its GPUs count at once.
+
+    Why: head-of-line blocking happens only within one constraint. A job blocked by its own
+    user's or group's quota never holds back anybody else's job that fits (alice over her quota
+    does not stop bob), and never reserves capacity. But within one constraint the queue order
+    holds: the first job that does not fit reserves that constraint, so a large job is not
+    starved by a stream of smaller jobs behind it that would each fit in what is left (no
+    backfill; that would need trustworthy run-time estimates). The cost is that GPUs can stay
+    idle while a large job at the head waits for enough of them; admins can reprioritise or
+    hold jobs to change that. Once a GPU-hour window is used up, every job of that scope waits
+    until old usage leaves the window (running jobs are not stopped).
     """
     from .tasks import run_job
 
-    admitted = []
+    admitted, reasons = [], {}
     with transaction.atomic():
         _lock_scheduler()
-        capacity = settings.RINGMASTER_LOCAL_GPUS
-        in_use = _local_gpus_in_use()
-        blocked = None
-        for job in Job.objects.filter(state=State.QUEUED).order_by("created_at", "id"):
-            if job.cancel_requested:
-                continue
-            if blocked is None and in_use + job.gpus <= capacity:
-                states.transition(job.pk, State.LAUNCHING, message="admitted", expect={State.QUEUED})
-                # A pending claim: reconcile leaves the job to the run_job task sent below.
-                Job.objects.filter(pk=job.pk).update(follower_heartbeat=timezone.now())
-                in_use += job.gpus
-                admitted.append(job.pk)
-                continue
-            if blocked is None:
-                blocked = job
-                reason = f"waiting for capacity: {in_use} of {capacity} GPUs in use, this job needs {job.gpus}"
+        book = quotas.QuotaBook()
+        reserved = {}                      # constraint key -> the first job waiting on it
+        queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
+                 .order_by("-priority", "created_at", "id")
+                 .values_list("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name",
+                              "backend", "gpus", "held", "held_by__username", "reason"))
+        for pk, owner_id, owner, group_id, group, backend, gpus, held, held_by, old_reason in queue:
+            if held:
+                reason = f"held by {held_by or 'an admin'}"
             else:
-                reason = f"waiting behind job {blocked.pk} for capacity ({in_use} of {capacity} GPUs in use)"
-            states.set_reason(job.pk, reason)
+                constraints = book.constraints(owner_id, owner, group_id, group, backend)
+                reason = _why_waiting(book, reserved, pk, constraints, backend, gpus)
+                if reason is None:
+                    if states.transition(pk, State.LAUNCHING, message="admitted", expect={State.QUEUED}):
+                        # A pending claim: reconcile leaves the job to the run_job task sent below.
+                        Job.objects.filter(pk=pk).update(follower_heartbeat=timezone.now())
+                        book.charge(constraints, gpus, backend)
+                        admitted.append(pk)
+                    continue
+            if reason != old_reason:
+                reasons[pk] = reason
+        _write_reasons(reasons)
         for job_id in admitted:
             transaction.on_commit(lambda job_id=job_id: run_job.delay(job_id))
     return admitted
 
 
-def queue_position(job):
-    """1 for the next job to be admitted, or None when the job is not queued."""
-    if job.state != State.QUEUED:
+def _why_waiting(book, reserved, pk, constraints, backend, gpus):
+    """Why this job cannot be admitted now (reserving what it waits for), or None: admit it."""
+    never = book.never_fits(constraints, gpus)
+    if never:
+        return f"can never start: {never}"
+    for scope, _ in constraints:
+        if scope.key in reserved:
+            return f"waiting behind an earlier job for the quota of {scope}"
+    blocked = book.blockers(constraints, gpus)
+    if blocked:
+        for scope, _ in blocked:
+            reserved[scope.key] = pk
+        return "waiting for quota: " + "; ".join(message for _, message in blocked)
+    capacity = backend_capacity(backend)
+    if capacity is None:
         return None
-    earlier = Job.objects.filter(state=State.QUEUED, created_at__lt=job.created_at).count()
-    same_time = Job.objects.filter(state=State.QUEUED, created_at=job.created_at, pk__lt=job.pk).count()
-    return earlier + same_time + 1
+    if ("capacity", backend) in reserved:
+        return f"waiting behind an earlier job for capacity ({backend})"
+    in_use = book.backend_gpus(backend)
+    if in_use + gpus > capacity:
+        reserved[("capacity", backend)] = pk
+        return f"waiting for capacity: {in_use} of {capacity} GPUs in use, this job needs {gpus}"
+    return None
+
+
+def _write_reasons(reasons):
+    """Store new reasons of still-queued jobs in a few statements, with an event each."""
+    by_reason = {}
+    for pk, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(pk)
+    for reason, ids in by_reason.items():
+        for start in range(0, len(ids), 1000):
+            Job.objects.filter(pk__in=ids[start:start + 1000], state=State.QUEUED).update(reason=reason)
+    JobEvent.objects.bulk_create([JobEvent(job_id=pk, message=reason) for pk, reason in reasons.items()],
+                                 batch_size=1000)
+    for pk, reason in reasons.items():
+        transaction.on_commit(lambda pk=pk, reason=reason: publish_state(_Announced(pk, State.QUEUED, reason)))
+
+
+class _Announced:
+    """What live viewers are told about a job (its id, state and reason)."""
+
+    def __init__(self, pk, state, reason):
+        self.pk, self.state, self.reason = pk, state, reason
+
+
+def _queued_ahead_of(priority, created_at, pk):
+    """Jobs that come before (priority, created_at, pk) in the scheduler's order."""
+    return (Q(priority__gt=priority) | Q(priority=priority, created_at__lt=created_at)
+            | Q(priority=priority, created_at=created_at, pk__lt=pk))
+
+
+def _waiting():
+    return Job.objects.filter(state=State.QUEUED, held=False, cancel_requested=False)
+
+
+def queue_position(job):
+    """1 for the first job in the scheduler's order, or None when the job is not waiting
+    (not queued, or held). The order is priority, then submit time, across all backends."""
+    if job.state != State.QUEUED or job.held or job.cancel_requested:
+        return None
+    return _waiting().filter(_queued_ahead_of(job.priority, job.created_at, job.pk)).count() + 1
+
+
+def with_queue_position(jobs):
+    """`jobs` annotated with `queue_pos` (as queue_position), in the same single query."""
+    ahead = _waiting().filter(_queued_ahead_of(OuterRef("priority"), OuterRef("created_at"), OuterRef("pk")))
+    count = ahead.order_by().values(n=Func(F("pk"), function="COUNT"))
+    return jobs.annotate(queue_pos=Case(
+        When(state=State.QUEUED, held=False, cancel_requested=False,
+             then=ExpressionWrapper(Subquery(count) + 1, output_field=IntegerField())),
+        default=None, output_field=IntegerField(),
+    ))
+
+
+class NotQueued(Exception):
+    pass
+
+
+def _change_queued(job, by, message, **fields):
+    """Change a queued job's scheduling fields, record who did it, and let the scheduler look."""
+    from .tasks import dispatch
+
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state != State.QUEUED:
+            raise NotQueued(f"job {job.pk} is not queued ({locked.state.lower()})")
+        for name, value in fields.items():
+            setattr(locked, name, value)
+        locked.save(update_fields=list(fields))
+        JobEvent.objects.create(job=locked, message=message)
+        transaction.on_commit(lambda: publish_state(locked))
+        transaction.on_commit(lambda: dispatch.delay(job.pk))
+    return locked
+
+
+def hold(job, by):
+    """Keep a queued job from being admitted until it is released."""
+    name = by.get_username()
+    return _change_queued(job, by, f"held by {name}", held=True, held_by=by, reason=f"held by {name}")
+
+
+def release(job, by):
+    return _change_queued(job, by, f"released by {by.get_username()}", held=False, held_by=None,
+                          reason="waiting for the scheduler")
+
+
+def set_priority(job, priority, by):
+    return _change_queued(job, by, f"priority set to {priority} by {by.get_username()}", priority=priority)
 
 
 def cancel(job, by):

@@ -7,8 +7,8 @@ from . import follow, services
 
 @shared_task(acks_late=True)
 def dispatch(job_id=None):
-    """Admit queued jobs as capacity allows (job_id: the job that prompted it, for the log)."""
-    return services.admit_queued()
+    """Admit queued jobs as quotas and capacity allow (job_id: the job that prompted it, for the log)."""
+    return services.admit()
 
 
 @shared_task

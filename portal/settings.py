@@ -195,6 +195,21 @@ RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STAL
 # A job stuck in LAUNCHING this long fails.
 RINGMASTER_LAUNCH_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_LAUNCH_TIMEOUT_SECONDS", "300"))
 
+
+def env_limit(name):
+    """A quota limit from the environment: a number, or unset/empty for no limit."""
+    value = os.environ.get(name, "").strip()
+    return float(value) if "." in value else (int(value) if value else None)
+
+
+# Site default quota of every user who has no quota row of their own (jobs.quotas). Unset: no
+# limit of that kind. Group quotas exist only where an admin sets them.
+RINGMASTER_DEFAULT_QUOTA_GPUS = env_limit("RINGMASTER_DEFAULT_QUOTA_GPUS")
+RINGMASTER_DEFAULT_QUOTA_JOBS = env_limit("RINGMASTER_DEFAULT_QUOTA_JOBS")
+RINGMASTER_DEFAULT_QUOTA_GPUS_PER_JOB = env_limit("RINGMASTER_DEFAULT_QUOTA_GPUS_PER_JOB")
+RINGMASTER_DEFAULT_QUOTA_GPU_HOURS = env_limit("RINGMASTER_DEFAULT_QUOTA_GPU_HOURS")
+RINGMASTER_DEFAULT_QUOTA_WINDOW_DAYS = int(os.environ.get("RINGMASTER_DEFAULT_QUOTA_WINDOW_DAYS", "30"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

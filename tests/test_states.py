@@ -72,7 +72,7 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     def admit():
         try:
             barrier.wait()
-            admitted.extend(services.admit_queued())
+            admitted.extend(services.admit())
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -89,5 +89,5 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     waiting = Job.objects.filter(state=State.QUEUED).order_by("created_at", "id")
     assert waiting.count() == 4
     assert waiting[0].reason == "waiting for capacity: 4 of 4 GPUs in use, this job needs 2"
-    assert waiting[1].reason.startswith(f"waiting behind job {waiting[0].pk}")
+    assert waiting[1].reason == "waiting behind an earlier job for capacity (local)"
     assert [services.queue_position(j) for j in waiting] == [1, 2, 3, 4]
