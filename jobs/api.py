@@ -7,10 +7,10 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import services
+from . import logquery, services
 from .services import visible_jobs
 from .forms import JobForm, ScriptUploadForm, visible_scripts
-from .models import Image, LogLine, MetricPoint
+from .models import Image, MetricPoint
 from .serializers import (
     ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
     ScriptSerializer, ScriptUploadRequest, rank_label,
@@ -95,48 +95,47 @@ class JobCancel(APIView):
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 
-def parse_rank(value):
-    """A rank filter: a number, or "launcher" for the launcher's own lines."""
-    if value in (None, ""):
-        return ...
-    if value == "launcher":
-        return None
-    if value.isdigit():
-        return int(value)
-    raise ValueError
-
-
 class JobLogs(APIView):
     @extend_schema(parameters=[
         OpenApiParameter("since", int, description="Return lines with seq greater than this (default: from the start)."),
+        OpenApiParameter("before", int, description="Return the last `limit` lines with seq less than this "
+                                                    "(the tail of the log, or the page above a line)."),
         OpenApiParameter("rank", str, description='A rank number, or "launcher".'),
+        OpenApiParameter("q", str, description="Only lines containing this text (case-insensitive)."),
         OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT})."),
     ])
     def get(self, request, job_id):
+        """`next` is the seq to pass as `since` for the following page; `prev` the one to pass
+        as `before` for the page above."""
         job = get_job(request, job_id)
-        errors = {}
+        params, errors = request.query_params, {}
+        since, before = -1, None
         try:
-            since = int(request.query_params.get("since", -1))
+            since = int(params.get("since", -1))
         except ValueError:
             errors["since"] = ["Must be an integer."]
         try:
-            limit = int(request.query_params.get("limit", 1000))
+            before = int(params["before"]) if params.get("before", "") != "" else None
+        except ValueError:
+            errors["before"] = ["Must be an integer."]
+        try:
+            limit = int(params.get("limit", 1000))
             if not 1 <= limit <= MAX_LOG_LIMIT:
                 raise ValueError
         except ValueError:
             errors["limit"] = [f"Must be an integer from 1 to {MAX_LOG_LIMIT}."]
         try:
-            rank = parse_rank(request.query_params.get("rank"))
+            rank = logquery.parse_rank(params.get("rank"))
         except ValueError:
             errors["rank"] = ['Must be a rank number or "launcher".']
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
-        lines = LogLine.objects.filter(job=job, seq__gt=since)
-        if rank is not ...:
-            lines = lines.filter(rank=rank)
-        page = list(lines.order_by("seq")[:limit])
-        next_seq = page[-1].seq if page else since
-        return Response({"lines": LogLineSerializer(page, many=True).data, "next": next_seq})
+        page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=params.get("q", ""))
+        return Response({
+            "lines": LogLineSerializer(page, many=True).data,
+            "next": page[-1].seq if page else since,
+            "prev": page[0].seq if page else (before if before is not None else since + 1),
+        })
 
 
 class JobMetrics(APIView):
@@ -145,6 +144,7 @@ class JobMetrics(APIView):
         series = {}
         for point in MetricPoint.objects.filter(job=job).order_by("name", "step", "id"):
             series.setdefault(point.name, []).append(
-                {"rank": rank_label(point.rank), "step": point.step, "value": point.value, "ts": point.ts}
+                {"rank": rank_label(point.rank), "step": point.step, "value": point.value, "ts": point.ts,
+                 "seq": point.seq}
             )
         return Response({"series": series})

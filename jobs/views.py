@@ -1,17 +1,17 @@
 """The browser's pages: job list, job form, job detail, cancel and rerun."""
+from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from . import services
+from . import logquery, services
 from .services import visible_jobs
 from .forms import JobForm, JobPageForm
-from .models import LogLine
 
 PAGE_SIZE = 25
-LOG_LINES_ON_PAGE = 5000
 
 
 @login_required
@@ -38,17 +38,38 @@ def job_new(request):
 
 @login_required
 def job_detail(request, job_id):
+    """The job page. Its log view and charts load and follow the output in the browser
+    (frontend/static/ringmaster/job.js): the tail over the API, then live over the websocket."""
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    lines = list(LogLine.objects.filter(job=job).order_by("-seq")[:LOG_LINES_ON_PAGE])[::-1]
-    ranks = sorted({line.rank for line in lines}, key=lambda r: (r is None, r or 0))
     return render(request, "jobs/job_detail.html", {
         "job": job,
         "events": job.events.all(),
-        "lines": lines,
-        "ranks": ranks,
-        "truncated": job.next_seq > len(lines),
+        "ranks": range(job.gpus),
+        "last_seq": job.next_seq - 1,
         "queue_position": services.queue_position(job),
     })
+
+
+@login_required
+def job_log_download(request, job_id):
+    """The whole log as a text file: every rank (each line tagged), or one (?rank=)."""
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    try:
+        rank = logquery.parse_rank(request.GET.get("rank"))
+    except ValueError:
+        raise Http404("No such rank.")
+    suffix = "" if rank is logquery.ALL_RANKS else f"-rank-{logquery.rank_tag(rank)}"
+    response = StreamingHttpResponse(_async_chunks(logquery.download_chunks(job, rank)),
+                                     content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="ringmaster-job-{job.pk}{suffix}.log"'
+    return response
+
+
+async def _async_chunks(chunks):
+    """Serve a sync generator of database reads from the ASGI server without blocking it."""
+    done = object()
+    while (chunk := await sync_to_async(next)(chunks, done)) is not done:
+        yield chunk
 
 
 @login_required

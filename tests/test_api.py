@@ -166,12 +166,47 @@ def test_logs_page_by_seq_and_filter_by_rank(client, image, script, alice):
     assert [l["seq"] for l in page["lines"]] == [0, 1] and page["next"] == 1
     page = client.get(f"/api/jobs/{job.pk}/logs/?since={page['next']}").json()
     assert [l["seq"] for l in page["lines"]] == [2, 3, 4] and page["next"] == 4
-    assert client.get(f"/api/jobs/{job.pk}/logs/?since=4").json() == {"lines": [], "next": 4}
+    assert client.get(f"/api/jobs/{job.pk}/logs/?since=4").json() == {"lines": [], "next": 4, "prev": 5}
     assert [l["text"] for l in client.get(f"/api/jobs/{job.pk}/logs/?rank=1").json()["lines"]] == ["l1", "l3"]
     launcher = client.get(f"/api/jobs/{job.pk}/logs/?rank=launcher").json()["lines"]
     assert [(l["rank"], l["text"]) for l in launcher] == [("launcher", "l2")]
-    bad = client.get(f"/api/jobs/{job.pk}/logs/?rank=x&limit=0&since=y")
-    assert bad.status_code == 400 and set(bad.json()) == {"rank", "limit", "since"}
+    bad = client.get(f"/api/jobs/{job.pk}/logs/?rank=x&limit=0&since=y&before=z")
+    assert bad.status_code == 400 and set(bad.json()) == {"rank", "limit", "since", "before"}
+
+
+def test_logs_read_backwards_from_before_for_the_tail_and_older_pages(client, image, script, alice):
+    """A log viewer opens at the tail and pages upwards; search narrows both ways."""
+    from django.utils import timezone
+
+    job = Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
+    LogLine.objects.bulk_create(LogLine(job=job, seq=i, rank=i % 2, stream="stdout", ts=timezone.now(),
+                                        text=f"{'Epoch' if i % 3 == 0 else 'batch'} {i}") for i in range(10))
+    tail = client.get(f"/api/jobs/{job.pk}/logs/?before=10&limit=3").json()
+    assert [l["seq"] for l in tail["lines"]] == [7, 8, 9] and (tail["prev"], tail["next"]) == (7, 9)
+    older = client.get(f"/api/jobs/{job.pk}/logs/?before={tail['prev']}&limit=3").json()
+    assert [l["seq"] for l in older["lines"]] == [4, 5, 6]
+    first = client.get(f"/api/jobs/{job.pk}/logs/?before=2&limit=3").json()
+    assert [l["seq"] for l in first["lines"]] == [0, 1]                      # fewer than asked: the top
+    assert client.get(f"/api/jobs/{job.pk}/logs/?before=0").json()["lines"] == []
+    found = client.get(f"/api/jobs/{job.pk}/logs/?q=epoch&before=10&limit=2").json()
+    assert [l["text"] for l in found["lines"]] == ["Epoch 6", "Epoch 9"]     # case-insensitive, newest two
+    found = client.get(f"/api/jobs/{job.pk}/logs/?q=EPOCH&rank=0&before=10").json()
+    assert [l["seq"] for l in found["lines"]] == [0, 6]
+    between = client.get(f"/api/jobs/{job.pk}/logs/?since=2&before=6").json()
+    assert [l["seq"] for l in between["lines"]] == [3, 4, 5]
+
+
+def test_metric_points_carry_the_seq_of_their_line(client, image, script, alice):
+    """A live viewer merges the API's points with the websocket's by seq, without doubles."""
+    from jobs.logstore import append_output
+    from runners.output import Line
+
+    job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)
+    lines = [Line(rank=0, stream="stdout", text="warming up", ts=None),
+             Line(rank=0, stream="stdout", text='RINGMASTER_METRIC {"step": 3, "loss": 0.5}', ts=None)]
+    assert append_output(job.pk, lines, 0, 1, {})
+    series = client.get(f"/api/jobs/{job.pk}/metrics/").json()["series"]
+    assert [(p["rank"], p["step"], p["value"], p["seq"]) for p in series["loss"]] == [(0, 3, 0.5, 1)]
 
 
 def test_cancel_of_a_queued_job_is_immediate_and_a_finished_one_is_409(client, image, script, alice):

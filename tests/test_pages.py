@@ -2,7 +2,7 @@
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs.models import Job, Script, State
+from jobs.models import Job, LogLine, Script, State
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +75,32 @@ def test_detail_of_another_users_job_is_404(client, alice, make_user, image):
     assert client.get(f"/jobs/{job.pk}/").status_code == 404
     assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 404
     assert client.post(f"/jobs/{job.pk}/rerun/").status_code == 404
+
+
+# The view streams an async iterator for uvicorn; Django's test client reads it synchronously.
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous iterators")
+def test_log_download_is_the_whole_log_or_one_rank_and_only_for_its_owner(client, alice, make_user, image):
+    from django.utils import timezone
+
+    job = make_job(alice, image)
+    LogLine.objects.bulk_create(LogLine(job=job, seq=i, rank=(None if i == 0 else i % 2), stream="stdout",
+                                        ts=timezone.now(), text=f"line {i}") for i in range(12001))
+    client.force_login(alice)
+    response = client.get(f"/jobs/{job.pk}/log/")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    assert f'filename="ringmaster-job-{job.pk}.log"' in response["Content-Disposition"]
+    text = b"".join(response).decode()
+    assert text.splitlines()[:3] == ["[launcher] line 0", "[1] line 1", "[0] line 2"]
+    assert len(text.splitlines()) == 12001 and text.endswith("[0] line 12000\n")
+
+    response = client.get(f"/jobs/{job.pk}/log/?rank=1")
+    assert f'filename="ringmaster-job-{job.pk}-rank-1.log"' in response["Content-Disposition"]
+    lines = b"".join(response).decode().splitlines()
+    assert lines == [f"line {i}" for i in range(1, 12001, 2)]
+    assert client.get(f"/jobs/{job.pk}/log/?rank=x").status_code == 404
+
+    client.force_login(make_user("bob"))
+    assert client.get(f"/jobs/{job.pk}/log/").status_code == 404
 
 
 def test_rerun_submits_the_same_settings_again(client, alice, image, django_capture_on_commit_callbacks):

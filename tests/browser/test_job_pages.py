@@ -5,20 +5,15 @@ Set RINGMASTER_SCREENSHOT=1 to also save frontend/docs/job-page.png from the fir
 """
 import os
 import re
-from pathlib import Path
 
 import pytest
-from django.db import connections
 
 from jobs.models import Job, Script, State
+from tests.browser.conftest import expect
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 1280, "height": 900}
 SCREENSHOT = ROOT / "frontend" / "docs" / "job-page.png"
 TERMINAL = re.compile(r"^(SUCCEEDED|FAILED|CANCELLED)$")
 
@@ -34,48 +29,6 @@ print(f"rank {hvd.rank()} says this on stderr", file=sys.stderr, flush=True)
 total = hvd.allreduce(torch.tensor([1.0]), name="count", op=hvd.Sum).item()
 print(f"rank {hvd.rank()} counted {int(total)} ranks", flush=True)
 '''
-
-
-@pytest.fixture
-def browser(monkeypatch):
-    if not CHROMIUM.exists():
-        pytest.skip(f"browser tests need Chromium at {CHROMIUM} (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="browser tests need the playwright package")
-    # Playwright's sync API marks an asyncio loop as running on this thread while it is open, so
-    # Django refuses ORM calls ("async unsafe") and keeps the database connections opened
-    # meanwhile apart from the thread's usual ones. Allow the calls, and close those connections
-    # before the loop stops: the test database could not be dropped at the end otherwise.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-            connections.close_all()
-
-
-@pytest.fixture
-def log_in(browser, live_portal):
-    """log_in(user) -> a page of a fresh browser context, logged in through the login form."""
-
-    def log_in_as(user):
-        context = browser.new_context(viewport=VIEWPORT, base_url=live_portal)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto("/login/")
-        page.fill("#id_username", user.username)
-        page.fill("#id_password", "pw-" + user.username)        # conftest's make_user password
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{live_portal}/")                      # LOGIN_REDIRECT_URL: the job list
-        assert page.locator("header.top nav").get_by_text(f"Log out {user.username}").is_visible()
-        return page
-    return log_in_as
-
-
-def expect():
-    from playwright.sync_api import expect as playwright_expect
-    return playwright_expect
 
 
 def test_submit_uploaded_script_and_follow_it_to_success(log_in, live_portal, celery_worker, image, make_user,
@@ -99,46 +52,38 @@ def test_submit_uploaded_script_and_follow_it_to_success(log_in, live_portal, ce
     assert (job.owner, job.gpus, job.name) == (alice, 2, "hello two ranks")
     assert job.script.name == "hello_two.py" and job.script.content == HELLO_SCRIPT and job.script.owner == alice
 
-    # The page reloads itself every 3 s until the job is finished; wait for a final state.
+    # The page follows the job live: the badge and the lines change without a reload.
+    page.evaluate("window.stillTheSamePage = true")
     badge = page.locator("#job-state .state")
-    expect()(badge).to_have_attribute("data-state", TERMINAL, timeout=180_000)
+    expect(badge).to_have_attribute("data-state", TERMINAL, timeout=180_000)
     if badge.get_attribute("data-state") != State.SUCCEEDED:
         reason = page.locator("#job-reason").all_inner_texts()
         pytest.fail(f"job ended {badge.get_attribute('data-state')}: {reason}\n"
                     f"log:\n{page.locator('#log').inner_text()}\nworker:\n{celery_worker.output()[-3000:]}")
-    expect()(badge).to_have_text("SUCCEEDED")
+    expect(badge).to_have_text("SUCCEEDED")
+    assert page.evaluate("window.stillTheSamePage") is True
+    expect(page.locator("#cancel-form")).to_be_hidden()
     assert page.locator("h1").inner_text().startswith("hello two ranks")
-    assert page.locator('meta[http-equiv="refresh"]').count() == 0          # finished: no more reloads
 
-    tabs = page.locator("#rank-tabs .tab")
-    expect()(tabs.and_(page.locator('[data-rank="0"]'))).to_have_text("rank 0")
-    expect()(tabs.and_(page.locator('[data-rank="1"]'))).to_have_text("rank 1")
     rank0 = page.locator('#log .line[data-rank="0"]')
     rank1 = page.locator('#log .line[data-rank="1"]')
     hello0 = rank0.filter(has_text="hello from rank 0")
     hello1 = rank1.filter(has_text="hello from rank 1")
-    expect()(hello0).to_have_count(1)
-    expect()(hello1).to_have_count(1)
-    expect()(hello0).to_be_visible()
-    expect()(hello1).to_be_visible()
+    expect(hello0).to_have_count(1)
+    expect(hello1).to_have_count(1)
+    expect(hello0).to_be_visible()
+    expect(hello1).to_be_visible()
     for rank, lines in ((0, rank0), (1, rank1)):
-        expect()(lines.filter(has_text=f"rank {rank} says this on stderr")).to_have_class(re.compile(r"\bstderr\b"))
-        expect()(lines.filter(has_text=f"rank {rank} counted 2 ranks")).to_have_count(1)
-    assert page.locator("#log .line").filter(has_text="hello from rank 1").get_attribute("data-rank") == "1"
+        expect(lines.filter(has_text=f"rank {rank} says this on stderr")).to_have_class(re.compile(r"\bstderr\b"))
+        expect(lines.filter(has_text=f"rank {rank} counted 2 ranks")).to_have_count(1)
 
-    page.locator('#rank-tabs .tab[data-rank="1"]').click()
-    expect()(page.locator('#rank-tabs .tab[data-rank="1"]')).to_have_class(re.compile(r"\bactive\b"))
-    expect()(page.locator('#rank-tabs .tab[data-rank="all"]')).not_to_have_class(re.compile(r"\bactive\b"))
-    expect()(hello1).to_be_visible()
-    for i in range(rank0.count()):
-        expect()(rank0.nth(i)).to_be_hidden()
-    others = page.locator('#log .line:not([data-rank="1"])')
-    for i in range(others.count()):
-        expect()(others.nth(i)).to_be_hidden()
-
-    page.locator('#rank-tabs .tab[data-rank="all"]').click()
-    expect()(hello0).to_be_visible()
-    expect()(hello1).to_be_visible()
+    page.select_option("#rank-filter", "1")
+    expect(rank0).to_have_count(0)
+    expect(page.locator('#log .line:not([data-rank="1"])')).to_have_count(0)
+    expect(hello1).to_be_visible()
+    page.select_option("#rank-filter", "")
+    expect(hello0).to_be_visible()
+    expect(hello1).to_be_visible()
 
     events = page.locator("ol.events li .state").evaluate_all("els => els.map(e => e.dataset.state)")
     assert events == ["QUEUED", "LAUNCHING", "RUNNING", "SUCCEEDED"]
@@ -168,18 +113,18 @@ def test_bad_input_rerenders_the_form_with_errors_and_keeps_the_rest(log_in, liv
     assert page.url == f"{live_portal}/jobs/new/"
 
     gpus_field = page.locator(".field.has-error", has=page.locator("#id_gpus"))
-    expect()(gpus_field.locator(".error[data-field=gpus]")).to_be_visible()
-    expect()(gpus_field.locator(".error[data-field=gpus]")).to_contain_text("greater than or equal to 1")
+    expect(gpus_field.locator(".error[data-field=gpus]")).to_be_visible()
+    expect(gpus_field.locator(".error[data-field=gpus]")).to_contain_text("greater than or equal to 1")
     script_field = page.locator(".field.has-error", has=page.locator("#id_script"))
-    expect()(script_field.locator(".error[data-field=script]")).to_be_visible()
-    expect()(script_field.locator(".error[data-field=script]")).to_contain_text("Choose a script")
+    expect(script_field.locator(".error[data-field=script]")).to_be_visible()
+    expect(script_field.locator(".error[data-field=script]")).to_contain_text("Choose a script")
     assert page.locator(".error[data-field]").evaluate_all("els => els.map(e => e.dataset.field)") == ["gpus", "script"]
 
-    expect()(page.locator("#id_name")).to_have_value("keep my name")
-    expect()(page.locator("#id_gpus")).to_have_value("0")
-    expect()(page.locator("#id_args")).to_have_value("--epochs 3 'two words'")
-    expect()(page.locator("#id_env")).to_have_value("FOO=bar")
-    expect()(page.locator("#id_time_limit_minutes")).to_have_value("15")
+    expect(page.locator("#id_name")).to_have_value("keep my name")
+    expect(page.locator("#id_gpus")).to_have_value("0")
+    expect(page.locator("#id_args")).to_have_value("--epochs 3 'two words'")
+    expect(page.locator("#id_env")).to_have_value("FOO=bar")
+    expect(page.locator("#id_time_limit_minutes")).to_have_value("15")
     assert not Job.objects.exists()
     assert not Script.objects.filter(owner=alice).exists()
 
@@ -192,14 +137,14 @@ def test_another_users_job_page_is_not_found(log_in, live_portal, image, make_us
     alice_page = log_in(alice)                                             # the page exists for its owner
     response = alice_page.goto(f"/jobs/{job.pk}/")
     assert response.status == 200
-    expect()(alice_page.locator("h1")).to_contain_text("alice secret run")
+    expect(alice_page.locator("h1")).to_contain_text("alice secret run")
 
     bob_page = log_in(bob)
-    expect()(bob_page.locator("table.jobs")).not_to_contain_text("alice secret run")
+    expect(bob_page.locator("table.jobs")).not_to_contain_text("alice secret run")
     response = bob_page.goto(f"/jobs/{job.pk}/")
     assert response.status == 404
-    expect()(bob_page.locator("h1")).to_have_text("Not found")
-    expect()(bob_page.locator("body")).not_to_contain_text("alice secret run")
+    expect(bob_page.locator("h1")).to_have_text("Not found")
+    expect(bob_page.locator("body")).not_to_contain_text("alice secret run")
     csrf = {c["name"]: c["value"] for c in bob_page.context.cookies()}["csrftoken"]
     for action in ("cancel", "rerun"):                                     # nor can bob act on it
         response = bob_page.request.post(f"/jobs/{job.pk}/{action}/", headers={"X-CSRFToken": csrf},

@@ -1,15 +1,382 @@
-// Rank tabs on the job page: show one rank's lines, or all.
+// The job page, live: the log view (rank filter, search, follow, paging), training curves and
+// the state badge. The stored log is the source of truth: the page loads the tail of the log
+// over the API, then follows the websocket from the last seq it holds (/ws/jobs/<id>/?since=),
+// and reconnects from there after any drop, so no line is lost or shown twice.
 (function () {
-  const tabs = document.getElementById("rank-tabs");
-  const log = document.getElementById("log");
-  if (!tabs || !log) return;
-  tabs.addEventListener("click", (event) => {
-    const tab = event.target.closest(".tab");
-    if (!tab) return;
-    tabs.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t === tab));
-    const rank = tab.dataset.rank;
-    log.querySelectorAll(".line").forEach((line) => {
-      line.hidden = rank !== "all" && line.dataset.rank !== rank;
+  "use strict";
+  const root = document.getElementById("job");
+  if (!root) return;
+  const jobId = root.dataset.jobId;
+  const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+  const $ = (id) => document.getElementById(id);
+
+  function api(path) {
+    return fetch(`/api/jobs/${jobId}/${path}`, {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then((response) => {
+        if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+        return response.json();
+      });
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Log view. Only the rows in sight are in the DOM, so a million-line log scrolls as easily
+  // as a short one; older lines are fetched from the server as the viewer scrolls up.
+  const PAGE = 2000;          // lines per request
+  const MAX_HELD = 200000;    // lines kept in memory; the oldest are dropped (and refetched)
+  const OVERSCAN = 40;        // rows rendered above and below the visible ones
+
+  const log = $("log"), spacer = $("log-spacer"), rows = $("log-rows"), empty = $("log-empty");
+  const rankFilter = $("rank-filter"), search = $("log-search"), follow = $("log-follow");
+  const count = $("log-count"), downloadRank = $("download-rank"), downloadAll = $("download-all");
+
+  let latestSeq = Number(root.dataset.lastSeq);   // the last seq received, in any view
+  let view = null;                                // {filter, lines, hasOlder, ready, pending}
+  let lineHeight = 0;
+
+  const rankLabel = (rank) => (rank === null || rank === undefined ? "launcher" : String(rank));
+
+  function currentFilter() {
+    return {rank: rankFilter.value, text: search.value.trim()};
+  }
+
+  function matches(filter, line) {
+    if (filter.rank !== "" && rankLabel(line.rank) !== filter.rank) return false;
+    return !filter.text || line.text.toLowerCase().includes(filter.text.toLowerCase());
+  }
+
+  function logQuery(filter, params) {
+    const query = new URLSearchParams(params);
+    if (filter.rank !== "") query.set("rank", filter.rank);
+    if (filter.text) query.set("q", filter.text);
+    return `logs/?${query}`;
+  }
+
+  async function openView(filter) {
+    const current = {filter, lines: [], hasOlder: false, ready: false, pending: [], loadingOlder: false};
+    view = current;
+    const upto = latestSeq;
+    render();
+    try {
+      const data = await api(logQuery(filter, {before: upto + 1, limit: PAGE}));
+      if (view !== current) return;                 // the filter changed meanwhile
+      current.lines = data.lines.concat(current.pending.filter((line) => line.seq > upto));
+      current.hasOlder = data.lines.length === PAGE;
+      current.pending = [];
+      current.ready = true;
+      follow.checked = true;
+      render(true);
+    } catch (error) {
+      count.textContent = `Could not load the log: ${error.message}`;
+    }
+  }
+
+  async function loadOlder() {
+    const current = view;
+    if (!current.ready || !current.hasOlder || current.loadingOlder || !current.lines.length) return;
+    current.loadingOlder = true;
+    try {
+      const data = await api(logQuery(current.filter, {before: current.lines[0].seq, limit: PAGE}));
+      if (view !== current) return;
+      current.lines = data.lines.concat(current.lines);
+      current.hasOlder = data.lines.length === PAGE;
+      // Keep the lines in sight where they were (grow the spacer first, or the scroll is clamped).
+      spacer.style.height = `${current.lines.length * lineHeight}px`;
+      log.scrollTop += data.lines.length * lineHeight;
+      render();
+    } finally {
+      current.loadingOlder = false;
+    }
+  }
+
+  function addLines(lines) {
+    for (const line of lines) latestSeq = Math.max(latestSeq, line.seq);
+    const current = view;
+    const wanted = lines.filter((line) => matches(current.filter, line));
+    if (!current.ready) {
+      current.pending.push(...wanted);
+      return;
+    }
+    current.lines.push(...wanted);
+    const excess = current.lines.length - MAX_HELD;
+    if (excess > 0) {
+      current.lines.splice(0, excess);
+      current.hasOlder = true;
+      if (!follow.checked) log.scrollTop -= excess * lineHeight;
+    }
+    scheduleRender();
+  }
+
+  function measureLineHeight() {
+    const probe = makeRow({seq: -1, rank: 0, stream: "stdout", text: "x"}, "");
+    rows.appendChild(probe);
+    lineHeight = probe.getBoundingClientRect().height || 18;
+    probe.remove();
+  }
+
+  function makeRow(line, needle) {
+    const row = document.createElement("div");
+    row.className = `line ${line.stream}`;
+    row.dataset.rank = rankLabel(line.rank);
+    row.dataset.seq = line.seq;
+    const rank = document.createElement("span");
+    rank.className = "rank";
+    rank.textContent = row.dataset.rank === "launcher" ? "L" : row.dataset.rank;
+    row.appendChild(rank);
+    const text = line.text;
+    const at = needle ? text.toLowerCase().indexOf(needle) : -1;
+    if (at < 0) {
+      row.appendChild(document.createTextNode(text));
+    } else {                                          // text nodes only: user output is never HTML
+      const mark = document.createElement("mark");
+      mark.textContent = text.slice(at, at + needle.length);
+      row.append(text.slice(0, at), mark, text.slice(at + needle.length));
+    }
+    return row;
+  }
+
+  let renderQueued = false;
+  function scheduleRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => {
+      renderQueued = false;
+      render();
     });
+  }
+
+  function render(toBottom) {
+    if (!lineHeight) measureLineHeight();
+    const lines = view.lines;
+    spacer.style.height = `${lines.length * lineHeight}px`;
+    if (toBottom || follow.checked) log.scrollTop = log.scrollHeight;
+    const first = Math.max(0, Math.floor(log.scrollTop / lineHeight) - OVERSCAN);
+    const last = Math.min(lines.length, Math.ceil((log.scrollTop + log.clientHeight) / lineHeight) + OVERSCAN);
+    const needle = view.filter.text.toLowerCase();
+    const fragment = document.createDocumentFragment();
+    for (let i = first; i < last; i++) fragment.appendChild(makeRow(lines[i], needle));
+    rows.style.transform = `translateY(${first * lineHeight}px)`;
+    rows.replaceChildren(fragment);
+    log.dataset.held = lines.length;                  // what the view holds, for scripts and tests
+    log.dataset.first = lines.length ? lines[0].seq : "";
+    log.dataset.last = lines.length ? lines[lines.length - 1].seq : "";
+    empty.hidden = lines.length > 0 || !view.ready;
+    empty.textContent = view.filter.rank || view.filter.text ? "No matching lines." : "No output yet.";
+    count.textContent = !view.ready ? "loading…"
+      : `${lines.length.toLocaleString()} lines loaded${view.hasOlder ? "; older lines load as you scroll up" : ""}`;
+  }
+
+  log.addEventListener("scroll", () => {
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 2 * lineHeight;
+    follow.checked = atBottom;
+    if (log.scrollTop < OVERSCAN * lineHeight) loadOlder();
+    scheduleRender();
   });
+  follow.addEventListener("change", () => {
+    if (follow.checked) render(true);
+  });
+
+  function filterChanged() {
+    const filter = currentFilter();
+    const base = downloadAll.getAttribute("href");
+    downloadRank.hidden = filter.rank === "";
+    downloadRank.href = `${base}?rank=${encodeURIComponent(filter.rank)}`;
+    openView(filter);
+  }
+  rankFilter.addEventListener("change", filterChanged);
+  let searchTimer = null;
+  search.addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(filterChanged, 250);
+  });
+  window.addEventListener("resize", scheduleRender);
+
+  // ---------------------------------------------------------------------------------------
+  // Training curves: one chart per metric, one series per rank (uPlot, vendored).
+  const chartsCard = $("charts-card"), chartsBox = $("charts");
+  const charts = new Map();        // name -> {ranks: Map(rank -> Map(step -> value)), plot, box, keys}
+  let metricsUpTo = null;          // the API's points cover every seq up to this one
+  let earlyPoints = [];
+  const COLORS = ["#2f5bd3", "#d3572f", "#1f8a4c", "#9b3dc8", "#b7791f", "#0f8fa8", "#c2352b", "#5b6b8c"];
+
+  function addPoint(name, point) {
+    let chart = charts.get(name);
+    if (!chart) {
+      const box = document.createElement("div");
+      box.className = "chart";
+      box.dataset.metric = name;
+      chartsBox.appendChild(box);
+      chart = {ranks: new Map(), plot: null, box, keys: "", points: 0};
+      charts.set(name, chart);
+      chartsCard.hidden = false;
+    }
+    const rank = rankLabel(point.rank);
+    if (!chart.ranks.has(rank)) chart.ranks.set(rank, new Map());
+    chart.ranks.get(rank).set(point.step, point.value);
+    chart.points += 1;
+    chart.dirty = true;
+  }
+
+  function addPoints(points) {
+    if (metricsUpTo === null) {
+      earlyPoints.push(...points);
+      return;
+    }
+    for (const point of points) if (point.seq > metricsUpTo) addPoint(point.name, point);
+    scheduleCharts();
+  }
+
+  let chartsQueued = false;
+  function scheduleCharts() {
+    if (chartsQueued) return;
+    chartsQueued = true;
+    setTimeout(() => {
+      chartsQueued = false;
+      drawCharts();
+    }, 250);
+  }
+
+  function byRank(a, b) {
+    if (a === "launcher" || b === "launcher") return a === "launcher" ? 1 : -1;
+    return Number(a) - Number(b);
+  }
+
+  function drawCharts() {
+    for (const [name, chart] of charts) {
+      if (!chart.dirty) continue;
+      chart.dirty = false;
+      const ranks = [...chart.ranks.keys()].sort(byRank);
+      const steps = [...new Set(ranks.flatMap((rank) => [...chart.ranks.get(rank).keys()]))].sort((a, b) => a - b);
+      const data = [steps, ...ranks.map((rank) => {
+        const values = chart.ranks.get(rank);
+        return steps.map((step) => (values.has(step) ? values.get(step) : null));
+      })];
+      chart.box.dataset.points = chart.points;
+      const keys = ranks.join(",");
+      if (chart.plot && keys === chart.keys) {
+        chart.plot.setData(data);
+        continue;
+      }
+      if (chart.plot) chart.plot.destroy();
+      chart.keys = keys;
+      chart.plot = new uPlot({
+        title: name,
+        width: Math.max(280, chart.box.clientWidth || 520),
+        height: 220,
+        scales: {x: {time: false}},
+        axes: [{label: "step"}, {}],
+        series: [{label: "step"}, ...ranks.map((rank, i) => ({
+          label: rank === "launcher" ? "launcher" : `rank ${rank}`,
+          stroke: COLORS[i % COLORS.length],
+          spanGaps: true,
+          points: {show: steps.length < 60},
+        }))],
+      }, data, chart.box);
+    }
+  }
+
+  api("metrics/").then((data) => {
+    let upto = -1;
+    for (const [name, points] of Object.entries(data.series)) {
+      for (const point of points) {
+        addPoint(name, point);
+        upto = Math.max(upto, point.seq);
+      }
+    }
+    metricsUpTo = upto;
+    const early = earlyPoints;
+    earlyPoints = [];
+    addPoints(early);
+    drawCharts();
+  }).catch(() => { metricsUpTo = -1; });
+
+  // ---------------------------------------------------------------------------------------
+  // State badge, reason and the rest of the summary, kept current by the websocket.
+  let state = root.dataset.state;
+
+  function showField(id, value) {
+    const dd = $(id);
+    const present = value !== null && value !== undefined && value !== "";
+    dd.textContent = present ? value : "";
+    dd.hidden = !present;
+    dd.previousElementSibling.hidden = !present;
+  }
+
+  function badge(value) {
+    const span = document.createElement("span");
+    span.className = `state state-${value.toLowerCase()}`;
+    span.dataset.state = value;
+    span.textContent = value;
+    return span;
+  }
+
+  function showState(newState, reason) {
+    state = newState;
+    root.dataset.state = newState;
+    $("job-state").replaceChildren(badge(newState));
+    showField("job-reason", reason);
+    if (TERMINAL.has(newState)) {
+      const cancel = $("cancel-form");
+      if (cancel) cancel.hidden = true;
+    }
+  }
+
+  async function refreshSummary() {
+    const job = await api("");
+    if (job.state !== state) return;           // a newer state message is on its way
+    showField("job-queue-position", job.queue_position);
+    showField("job-exit-code", job.exit_code);
+    showField("job-failed-rank", job.failed_rank);
+    const events = document.querySelector("ol.events");
+    events.replaceChildren(...job.events.map((event) => {
+      const item = document.createElement("li");
+      const time = document.createElement("time");
+      time.textContent = new Date(event.ts).toLocaleTimeString([], {hour12: false});
+      item.appendChild(time);
+      item.append(" ");
+      if (event.state) item.append(badge(event.state), " ");
+      item.append(event.message);
+      return item;
+    }));
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The websocket: replay after the last seq held, then live; reconnect from there.
+  const liveStatus = $("live-status");
+  let backoff = 500;
+
+  function setLive(status, text) {
+    liveStatus.dataset.status = status;
+    liveStatus.textContent = text;
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?since=${latestSeq}`);
+    socket.onopen = () => {
+      backoff = 500;
+      setLive("live", "live");
+    };
+    socket.onmessage = (event) => {
+      const message = JSON.parse(event.data);
+      if (message.type === "lines") addLines(message.lines);
+      else if (message.type === "metrics") addPoints(message.points);
+      else if (message.type === "state") {
+        const changed = message.state !== state;
+        showState(message.state, message.reason);
+        if (changed || TERMINAL.has(message.state)) refreshSummary().catch(() => {});
+      }
+    };
+    socket.onclose = (event) => {
+      if (event.code === 4404) {
+        setLive("refused", "not allowed");
+        return;
+      }
+      setLive("reconnecting", "reconnecting…");
+      setTimeout(connect, backoff);
+      backoff = Math.min(backoff * 2, 10000);
+    };
+  }
+
+  openView(currentFilter());
+  connect();
 })();
