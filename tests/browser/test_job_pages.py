@@ -21,6 +21,7 @@ HELLO_SCRIPT = '''\
 import sys
 
 import horovod.torch as hvd
+import ringmaster_metrics
 import torch
 
 hvd.init()
@@ -28,6 +29,8 @@ print(f"hello from rank {hvd.rank()}", flush=True)
 print(f"rank {hvd.rank()} says this on stderr", file=sys.stderr, flush=True)
 total = hvd.allreduce(torch.tensor([1.0]), name="count", op=hvd.Sum).item()
 print(f"rank {hvd.rank()} counted {int(total)} ranks", flush=True)
+for step in range(1, 9):
+    ringmaster_metrics.log(step=step, loss=round(2.0 / step + 0.1 * hvd.rank(), 3))
 '''
 
 
@@ -63,6 +66,7 @@ def test_submit_uploaded_script_and_follow_it_to_success(log_in, live_portal, ce
     expect(badge).to_have_text("SUCCEEDED")
     assert page.evaluate("window.stillTheSamePage") is True
     expect(page.locator("#cancel-form")).to_be_hidden()
+    expect(page.locator("#job-finished")).to_contain_text("GPU-seconds")
     assert page.locator("h1").inner_text().startswith("hello two ranks")
 
     rank0 = page.locator('#log .line[data-rank="0"]')
@@ -76,6 +80,11 @@ def test_submit_uploaded_script_and_follow_it_to_success(log_in, live_portal, ce
     for rank, lines in ((0, rank0), (1, rank1)):
         expect(lines.filter(has_text=f"rank {rank} says this on stderr")).to_have_class(re.compile(r"\bstderr\b"))
         expect(lines.filter(has_text=f"rank {rank} counted 2 ranks")).to_have_count(1)
+
+    chart = page.locator('#charts .chart[data-metric="loss"]')          # what ringmaster_metrics printed
+    expect(chart).to_have_attribute("data-points", "16")
+    expect(chart.locator(".u-legend .u-series")).to_have_text([re.compile("step"), re.compile("rank 0"),
+                                                                re.compile("rank 1")])
 
     page.select_option("#rank-filter", "1")
     expect(rank0).to_have_count(0)

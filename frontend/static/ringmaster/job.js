@@ -320,12 +320,22 @@
     }
   }
 
+  function dateTime(iso) {
+    const date = new Date(iso);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ` +
+      `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+  }
+
   async function refreshSummary() {
     const job = await api("");
     if (job.state !== state) return;           // a newer state message is on its way
     showField("job-queue-position", job.queue_position);
     showField("job-exit-code", job.exit_code);
     showField("job-failed-rank", job.failed_rank);
+    showField("job-started", job.started_at && dateTime(job.started_at));
+    showField("job-finished", job.finished_at &&
+      `${dateTime(job.finished_at)} (${Math.round(job.gpu_seconds || 0)} GPU-seconds)`);
     const events = document.querySelector("ol.events");
     events.replaceChildren(...job.events.map((event) => {
       const item = document.createElement("li");
