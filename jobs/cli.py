@@ -180,18 +180,18 @@ def warn(message):
     print(f"ringmaster: {message}", file=sys.stderr, flush=True)
 
 
-def print_stored(client, job_id, since=-1, rank=None):
-    """Print the stored lines after `since`, page by page; return the last seq seen."""
+def stored_pages(client, job_id, since=-1, rank=None):
+    """The stored lines after `since`, a page at a time: (lines, the last seq of the page)."""
     params = {"limit": PAGE_LINES} | ({"rank": rank} if rank is not None else {})
     while True:
         try:
             page = client.request("GET", f"/api/jobs/{job_id}/logs/", params={**params, "since": since})
         except NotFound:
             raise NotFound(f"job {job_id} not found") from None
-        write_lines(page["lines"])
         since = page["next"]
+        yield page["lines"], since
         if len(page["lines"]) < PAGE_LINES:
-            return since
+            return
 
 
 class Backoff:
@@ -225,6 +225,7 @@ class LogFollower:
     def __init__(self, client, job_id, rank=None):
         self.client, self.job_id, self.rank = client, job_id, rank
         self.last_seq = -1
+        self.last_state = None
         self.backoff = Backoff()
 
     def run(self):
@@ -262,10 +263,19 @@ class LogFollower:
             write_lines(fresh, self.rank)
             if fresh:
                 self.last_seq = fresh[-1]["seq"]
-        return message.get("type") == "state" and message.get("state") in TERMINAL_STATES
+        elif message.get("type") == "state":
+            if message.get("state") in TERMINAL_STATES:
+                return True
+            state = (message.get("state"), message.get("reason") or "")
+            if state != self.last_state:                 # e.g. why it still waits in the queue
+                self.last_state = state
+                warn(f"job {self.job_id} {state[0]}" + (f": {state[1]}" if state[1] else ""))
+        return False
 
     def _drain(self):
-        self.last_seq = print_stored(self.client, self.job_id, self.last_seq, self.rank)
+        for lines, last in stored_pages(self.client, self.job_id, self.last_seq, self.rank):
+            write_lines(lines)
+            self.last_seq = last                         # a retry goes on after this page
         return self.client.job(self.job_id)
 
     def _retry(self, action):
@@ -312,7 +322,8 @@ def cmd_submit(client, args):
 def cmd_logs(client, args):
     if args.follow:
         return LogFollower(client, args.job_id, args.rank).run()
-    print_stored(client, args.job_id, rank=args.rank)
+    for lines, _ in stored_pages(client, args.job_id, rank=args.rank):
+        write_lines(lines)
     return 0
 
 

@@ -14,7 +14,7 @@ from rest_framework.authtoken.models import Token
 from jobs.cli import format_line
 from jobs.models import Job, LogLine, MetricPoint, Script, State
 from jobs.serializers import rank_label
-from tests.conftest import VENV_BIN, Service, free_port, wait_for
+from tests.conftest import ROOT, VENV_BIN, Service, free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -58,9 +58,11 @@ def alice(make_user):
 
 
 def cli_env(url, user, tmp_path):
-    """Only what the command needs: no database URL, no secrets of the portal, no config file."""
-    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "RINGMASTER_URL": url,
-            "RINGMASTER_TOKEN": Token.objects.get_or_create(user=user)[0].key}
+    """Only what the command needs: no database URL, no secrets of the portal, no config file.
+    PYTHONPATH: the installed entry point runs this checkout's code, even where the environment's
+    editable install points at another checkout sharing it."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT),
+            "RINGMASTER_URL": url, "RINGMASTER_TOKEN": Token.objects.get_or_create(user=user)[0].key}
 
 
 @pytest.fixture
@@ -171,6 +173,7 @@ def test_cancel_a_running_job_and_a_follower_sees_it_end(env, train_py):
     assert cancelled.stdout.strip() == f"job {job_id}: cancel requested; its processes are being stopped"
 
     assert follow.wait(timeout=120) == 1
+    assert f"ringmaster: job {job_id} RUNNING" in follow.err
     assert follow.err[-1].startswith(f"ringmaster: job {job_id} CANCELLED")
     assert Job.objects.get(pk=job_id).state == State.CANCELLED
     assert follow.out == expected_output(job_id)

@@ -1,4 +1,5 @@
 """The ringmaster command without a portal: configuration, arguments, output format, errors."""
+import json
 import subprocess
 import sys
 
@@ -109,7 +110,8 @@ def test_submit_arguments_and_everything_after_the_double_dash():
     args = cli.parse_args(["submit", "--image", "horovod-cpu", "--gpus", "2", "--name", "n", "--env", "LR=0.1",
                            "--env", "EMPTY=", "--env", "EQ=a=b", "--backend", "local", "--time-limit", "30", "-f",
                            "train.py", "--", "--epochs", "2", "--", "$(id)"])
-    assert (args.command, args.image, args.gpus, args.name, args.script) == ("submit", "horovod-cpu", 2, "n", "train.py")
+    assert (args.command, args.image, args.gpus) == ("submit", "horovod-cpu", 2)
+    assert (args.name, args.script) == ("n", "train.py")
     assert args.env == [("LR", "0.1"), ("EMPTY", ""), ("EQ", "a=b")]
     assert (args.backend, args.time_limit, args.follow, args.quiet) == ("local", 30, True, False)
     assert args.script_args == ["--epochs", "2", "--", "$(id)"]                # literally, never a shell
@@ -172,3 +174,30 @@ def test_the_cli_imports_no_django_and_nothing_of_the_portal():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_follower_prints_each_seq_once_and_stops_at_an_end_state(capsys):
+    follower = cli.LogFollower(client=None, job_id=7, rank=None)
+
+    def lines(*seqs):
+        return json.dumps({"type": "lines", "lines": [
+            {"seq": s, "rank": s % 2, "stream": "stdout", "ts": None, "text": f"line {s}"} for s in seqs]})
+
+    assert not follower._handle(json.dumps({"type": "state", "state": "QUEUED", "reason": "waiting for capacity"}))
+    assert not follower._handle(json.dumps({"type": "state", "state": "QUEUED", "reason": "waiting for capacity"}))
+    assert not follower._handle(lines(0, 1, 2))
+    assert not follower._handle(lines(1, 2, 3))                       # a replay overlapping what was printed
+    assert not follower._handle(json.dumps({"type": "metrics", "points": []}))
+    assert follower._handle(json.dumps({"type": "state", "state": "FAILED", "reason": "rank 1 exited"}))
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["[0] line 0", "[1] line 1", "[0] line 2", "[1] line 3"]
+    assert err.splitlines() == ["ringmaster: job 7 QUEUED: waiting for capacity"]
+    assert follower.last_seq == 3
+
+
+def test_the_follower_filters_by_rank_but_remembers_every_seq(capsys):
+    follower = cli.LogFollower(client=None, job_id=7, rank="launcher")
+    follower._handle(json.dumps({"type": "lines", "lines": [
+        {"seq": 0, "rank": "launcher", "stream": "stdout", "ts": None, "text": "start"},
+        {"seq": 1, "rank": 0, "stream": "stderr", "ts": None, "text": "warn"}]}))
+    assert capsys.readouterr().out == "[launcher] start\n" and follower.last_seq == 1
