@@ -1,0 +1,130 @@
+"""Training overhead: Horovod synthetic-benchmark throughput (img/s) of a 2-rank job run through
+the portal, against the same command run directly with horovodrun, in the same session.
+
+Portal: jobs/examples/synthetic_benchmark.py is uploaded and submitted over the REST API to a
+real uvicorn, admitted and run by a real Celery worker (--pool threads) with the local runner,
+which follows and stores its output; the figure is the metric point `total_img_per_sec` that
+runners.output extracted from the job's "Total img/sec on 2 CPU(s): ..." line. Direct: the very
+argv and environment the local runner builds (LocalRunner.command / .environment), run with
+subprocess in a scratch folder, its output parsed by the same runners.output functions. Runs
+alternate portal/direct in ABBA order; the ratio of the medians is reported (goal >= 0.98).
+On this machine the ranks run on CPUs (no GPU is lent): each "GPU" is one CPU process.
+
+    .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10]
+"""
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402
+
+GOAL = 0.98
+SCRIPT = common.ROOT / "jobs" / "examples" / "synthetic_benchmark.py"
+METRIC = "total_img_per_sec"
+
+
+def api(session, method, path, **kwargs):
+    response = session.request(method, f"{session.base}{path}", timeout=30, **kwargs)
+    response.raise_for_status()
+    return response.json()
+
+
+def portal_run(session, script_id, args, gpus):
+    from jobs.models import Job, MetricPoint, State
+
+    job_id = api(session, "POST", "/api/jobs/", json={"image": "horovod-cpu", "gpus": gpus, "script": script_id,
+                                                      "args": args, "name": "synthetic benchmark"})["id"]
+    job = common.wait_for(lambda: Job.objects.filter(pk=job_id, state__in=[State.SUCCEEDED, State.FAILED,
+                                                                             State.CANCELLED]).first(),
+                          timeout=900, interval=0.5, message="the portal's job to end")
+    assert job.state == State.SUCCEEDED, (job.state, job.reason)
+    points = list(MetricPoint.objects.filter(job_id=job_id, name=METRIC).values_list("value", flat=True))
+    assert len(points) == 1, f"expected one {METRIC} point, got {points}"
+    return points[0], (job.finished_at - job.started_at).total_seconds()
+
+
+def direct_run(spec, runner, scratch):
+    """The local runner's own argv and environment, run directly; (img/s, seconds)."""
+    from runners.output import OutputSplitter, extract_metrics
+
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    (scratch / spec.script_name).write_text(spec.script_content)
+    start = time.time()
+    done = subprocess.run(runner.command(spec), cwd=scratch, env=runner.environment(spec), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    elapsed = time.time() - start
+    splitter = OutputSplitter()
+    lines = splitter.feed(done.stdout) + splitter.finish()
+    assert done.returncode == 0, done.stdout.decode(errors="replace")[-2000:]
+    values = [m.value for line in lines for m in extract_metrics(line.text) if m.name == METRIC]
+    assert len(values) == 1, f"expected one {METRIC} line, got {values}"
+    return values[0], elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=3, help="portal runs (and as many direct runs)")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--num-iters", type=int, default=20)
+    parser.add_argument("--num-batches-per-iter", type=int, default=10)
+    args = parser.parse_args()
+
+    import requests
+
+    common.setup()
+    from runners.base import JobSpec
+    from runners.local import LocalRunner
+
+    script_args = ["--num-iters", str(args.num_iters), "--num-batches-per-iter", str(args.num_batches_per_iter)]
+    runner = LocalRunner(common.job_dir(0).parent / "direct")   # under the jobs folder: cleaned up at the end
+    spec = JobSpec(job_id=0, gpus=args.gpus, python=common.PYTHON, script_name=SCRIPT.name,
+                   script_content=SCRIPT.read_text(), script_path=None, args=tuple(script_args))
+    common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal vs horovodrun")
+    print("direct command: " + " ".join(runner.command(spec)))
+    user, token = common.bench_user()
+    common.bench_image()
+    order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
+    results = {"portal": [], "direct": [], "worker_cpu": [], "web_cpu": []}
+    with common.Services() as services:
+        session = requests.Session()
+        session.headers["Authorization"] = f"Token {token}"
+        session.base = services.web()
+        web = services.started[-1]
+        worker = services.worker(concurrency=4)
+        script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, SCRIPT.read_bytes())})["id"]
+        for pair, kinds in enumerate(order):
+            for kind in kinds:
+                if kind == "portal":
+                    before = common.cpu_seconds(worker), common.cpu_seconds(web)
+                    value, seconds = portal_run(session, script_id, script_args, args.gpus)
+                    cpu = [common.cpu_seconds(worker) - before[0], common.cpu_seconds(web) - before[1]]
+                    results["worker_cpu"].append(cpu[0] / seconds)
+                    results["web_cpu"].append(cpu[1] / seconds)
+                else:
+                    value, seconds = direct_run(spec, runner, runner.job_dir(spec))
+                results[kind].append(value)
+                print(f"pair {pair + 1}, {kind:>6}: {value:8.1f} img/s total ({seconds:.0f} s from start to end) "
+                      f"| {common.machine()}")
+
+    portal, direct = common.median(results["portal"]), common.median(results["direct"])
+    ratio = portal / direct
+    pair_ratios = [p / d for p, d in zip(results["portal"], results["direct"])]
+    print()
+    print(f"median through the portal: {portal:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['portal'])})")
+    print(f"median direct horovodrun:  {direct:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['direct'])})")
+    print(f"pair ratios: {', '.join(f'{r:.3f}' for r in pair_ratios)}")
+    print(f"portal's own CPU while a job ran: Celery worker {common.median(results['worker_cpu']) * 100:.1f}% of a core "
+          f"(the follower), uvicorn {common.median(results['web_cpu']) * 100:.1f}% (median over runs)")
+    print(f"RESULT training ratio (portal / direct) = {ratio:.3f} (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")
+    print(f"machine at the end: {common.machine()}")
+
+
+if __name__ == "__main__":
+    main()
