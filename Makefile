@@ -42,3 +42,16 @@ test: install test-services
 
 clean:
 	rm -rf $(VENV) var
+
+# Benchmarks (bench/, figures in BENCHMARKS.md). Never part of `make test`. They empty the job
+# tables of their own database and Redis database, so these never name the portal's or the tests'.
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/ringmaster_bench
+BENCH_REDIS_URL    ?= redis://127.0.0.1:6379/12
+BENCHMARKS         ?= ingest latency fanout training
+
+.PHONY: bench
+bench: install test-services
+	@for name in $(BENCHMARKS); do \
+		echo; BENCH_DATABASE_URL=$(BENCH_DATABASE_URL) BENCH_REDIS_URL=$(BENCH_REDIS_URL) \
+		$(PY) bench/$$name.py $(BENCH_ARGS) || exit 1; \
+	done
