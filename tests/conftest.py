@@ -90,6 +90,8 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory):
         "SECRET_KEY": settings.SECRET_KEY,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "PYTHONUNBUFFERED": "1",
+        # This checkout's code, whichever checkout the venv's editable install points at.
+        "PYTHONPATH": str(ROOT),
         "RINGMASTER_LOCAL_GPUS": "4",
     })
     if not env.get("REDIS_URL"):
