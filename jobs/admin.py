@@ -1,6 +1,13 @@
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
+from django.template.response import TemplateResponse
 
-from .models import Image, Job, JobEvent, Script
+from . import services
+from .forms import MAX_PRIORITY
+from .models import Image, Job, JobEvent, Quota, Script, State, UserSettings
 
 
 @admin.register(Image)
@@ -25,17 +32,124 @@ class JobEventInline(admin.TabularInline):
     readonly_fields = ["ts", "state", "message"]
 
 
+class PriorityForm(forms.Form):
+    priority = forms.IntegerField(min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
+                                  help_text="Higher runs first; the default is 0.")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    """Read-only: a job's state changes only through the state machine (cancel from its page)."""
+    """Read-only: a job's state changes only through the state machine. Queued jobs can be held,
+    released, reprioritised or cancelled with the actions; each is recorded in the job's events
+    and in the admin history (who, when)."""
 
-    list_display = ["id", "name", "owner", "image", "gpus", "backend", "state", "created_at", "gpu_seconds"]
-    list_filter = ["state", "backend", "image"]
-    search_fields = ["name", "owner__username"]
+    list_display = ["id", "name", "owner", "charged_group", "image", "gpus", "backend", "state", "priority",
+                    "held", "created_at", "gpu_seconds", "reason"]
+    list_filter = ["state", "held", "backend", "charged_group", "image"]
+    search_fields = ["name", "owner__username", "charged_group__name"]
+    list_select_related = ["owner", "charged_group", "image"]
     inlines = [JobEventInline]
+    actions = ["hold_jobs", "release_jobs", "set_priority", "cancel_jobs"]
 
     def has_change_permission(self, request, obj=None):
         return False
 
     def has_add_permission(self, request):
         return False
+
+    def has_schedule_permission(self, request):
+        """Hold, release, reprioritise, cancel: staff who may change jobs."""
+        return request.user.is_staff and request.user.has_perm("jobs.change_job")
+
+    def _each_queued(self, request, queryset, change, verb):
+        done, skipped = 0, []
+        for job in queryset:
+            try:
+                change(job)
+            except (services.NotQueued, services.CannotCancel) as exc:
+                skipped.append(str(exc))
+                continue
+            self.log_change(request, job, f"{verb} by {request.user.get_username()}")
+            done += 1
+        if done:
+            self.message_user(request, f"{verb.capitalize()}: {done} job{'s' if done != 1 else ''}.", messages.SUCCESS)
+        for problem in skipped:
+            self.message_user(request, f"Skipped: {problem}.", messages.WARNING)
+
+    @admin.action(description="Hold the selected queued jobs", permissions=["schedule"])
+    def hold_jobs(self, request, queryset):
+        self._each_queued(request, queryset, lambda job: services.hold(job, by=request.user), "held")
+
+    @admin.action(description="Release the selected held jobs", permissions=["schedule"])
+    def release_jobs(self, request, queryset):
+        self._each_queued(request, queryset, lambda job: services.release(job, by=request.user), "released")
+
+    @admin.action(description="Cancel the selected jobs", permissions=["schedule"])
+    def cancel_jobs(self, request, queryset):
+        self._each_queued(request, queryset, lambda job: services.cancel(job, by=request.user), "cancelled")
+
+    @admin.action(description="Set the priority of the selected queued jobs", permissions=["schedule"])
+    def set_priority(self, request, queryset):
+        form = PriorityForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            priority = form.cleaned_data["priority"]
+            self._each_queued(request, queryset, lambda job: services.set_priority(job, priority, by=request.user),
+                              f"priority set to {priority}")
+            return None
+        return TemplateResponse(request, "admin/jobs/job/set_priority.html", {
+            **self.admin_site.each_context(request),
+            "title": "Set the priority of queued jobs",
+            "opts": self.model._meta,
+            "form": form,
+            "jobs": queryset.filter(state=State.QUEUED),
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "action": "set_priority",
+        })
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    """Quotas per user or group, optionally per backend. Every change is kept in the row's
+    History (who changed what, when)."""
+
+    list_display = ["__str__", "gpus", "jobs", "gpus_per_job", "gpu_hours", "window_days", "updated_at"]
+    list_filter = ["backend", ("group", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["user__username", "group__name"]
+    autocomplete_fields = ["user", "group"]
+    list_select_related = ["user", "group"]
+    fieldsets = [
+        (None, {"fields": ["user", "group", "backend"],
+                "description": "One of user or group. Empty limits: the site default for a user's "
+                               "all-backends row, otherwise no limit of that kind."}),
+        ("Limits", {"fields": ["gpus", "jobs", "gpus_per_job", "gpu_hours", "window_days"]}),
+    ]
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+    fields = ["backend", "gpus", "jobs", "gpus_per_job", "gpu_hours", "window_days"]
+
+
+class UserSettingsInline(admin.StackedInline):
+    model = UserSettings
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
+
+
+@admin.register(User)
+class RingmasterUserAdmin(UserAdmin):
+    inlines = [*UserAdmin.inlines, QuotaInline, UserSettingsInline]
+
+
+@admin.register(Group)
+class RingmasterGroupAdmin(GroupAdmin):
+    inlines = [*GroupAdmin.inlines, QuotaInline]

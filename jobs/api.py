@@ -7,13 +7,13 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import logquery, services
+from . import logquery, quotas, services
 from .services import visible_jobs
 from .forms import JobForm, ScriptUploadForm, visible_scripts
 from .models import Image, MetricPoint
 from .serializers import (
     ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
-    ScriptSerializer, ScriptUploadRequest, rank_label,
+    QuotaSerializer, ScriptSerializer, ScriptUploadRequest, rank_label,
 )
 
 MAX_LOG_LIMIT = 10000
@@ -57,7 +57,7 @@ class JobList(APIView):
     @extend_schema(responses=JobSerializer(many=True),
                    parameters=[OpenApiParameter("state", str, description="Only jobs in this state.")])
     def get(self, request):
-        jobs = visible_jobs(request.user)
+        jobs = services.with_queue_position(visible_jobs(request.user))
         if request.query_params.get("state"):
             jobs = jobs.filter(state=request.query_params["state"].upper())
         if request.query_params.get("mine") and request.user.is_staff:
@@ -148,3 +148,11 @@ class JobMetrics(APIView):
                  "seq": point.seq}
             )
         return Response({"series": series})
+
+
+class QuotaView(APIView):
+    """The caller's limits and current use, scope by scope (their own, their groups')."""
+
+    @extend_schema(responses=QuotaSerializer)
+    def get(self, request):
+        return Response(quotas.summary(request.user))

@@ -10,4 +10,5 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
     path("jobs/<int:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
     path("jobs/<int:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
+    path("quota/", api.QuotaView.as_view(), name="api-quota"),
 ]

@@ -229,6 +229,7 @@ class Quota(models.Model):
             models.CheckConstraint(
                 condition=(Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False)),
                 name="quota_user_xor_group",
+                violation_error_message="Give a user or a group, not both.",
             ),
             models.UniqueConstraint(fields=["user", "backend"], condition=Q(user__isnull=False),
                                     name="quota_once_per_user_backend"),

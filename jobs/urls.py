@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import usage_views, views
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -9,4 +9,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/log/", views.job_log_download, name="job-log-download"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/rerun/", views.job_rerun, name="job-rerun"),
+    path("usage/", usage_views.my_usage, name="my-usage"),
+    path("usage.csv", usage_views.usage_csv, name="usage-csv"),
+    path("cluster/", usage_views.cluster, name="cluster"),
 ]

@@ -94,7 +94,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='quota',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('group__isnull', True), ('user__isnull', False)), models.Q(('group__isnull', False), ('user__isnull', True)), _connector='OR'), name='quota_user_xor_group'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('group__isnull', True), ('user__isnull', False)), models.Q(('group__isnull', False), ('user__isnull', True)), _connector='OR'), name='quota_user_xor_group', violation_error_message='Give a user or a group, not both.'),
         ),
         migrations.AddConstraint(
             model_name='quota',
