@@ -2,26 +2,59 @@
 
 Everything is stored before it is announced; a viewer that misses an announcement catches up
 from the database with ?since=<seq>.
+
+Announcements come from sync code (the follower's on-commit hooks, state transitions). With
+Redis they run on one event loop per process, kept in a background thread, so the channel
+layer's Redis connections are reused: async_to_sync would start a new loop, and with it a new
+Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
+The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
+the server's loop: there async_to_sync, which hands the call to that loop, stays.
 """
+import asyncio
 import logging
+import os
+import threading
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 log = logging.getLogger(__name__)
+SEND_TIMEOUT_SECONDS = 10
+
+_loop = None
+_loop_pid = None
+_loop_lock = threading.Lock()
 
 
 def group_name(job_id):
     return f"job-{job_id}"
 
 
+def _announcer_loop():
+    """This process's announcement loop, started on first use (again after a fork)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="ringmaster-live", daemon=True).start()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
+
+
 def _send(job_id, message):
     layer = get_channel_layer()
     if layer is None:
         return
+    future = None
     try:
-        async_to_sync(layer.group_send)(group_name(job_id), message)
+        if isinstance(layer, InMemoryChannelLayer):
+            async_to_sync(layer.group_send)(group_name(job_id), message)
+            return
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(group_name(job_id), message), _announcer_loop())
+        future.result(timeout=SEND_TIMEOUT_SECONDS)
     except Exception:  # a viewer's trouble must never fail the job; viewers resync from the DB
+        if future is not None:
+            future.cancel()
         log.warning("could not notify viewers of job %s", job_id, exc_info=True)
 
 
