@@ -66,7 +66,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--grace", type=float, default=60, help="seconds viewers may lag behind the end")
     parser.add_argument("--procs", type=int, default=2, help="helper processes the viewers are spread over")
+    parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an extra setting for uvicorn, e.g. DATABASE_CONN_MAX_AGE=60 (repeatable)")
     args = parser.parse_args()
+    web_env = dict(item.split("=", 1) for item in args.web_env)
 
     common.setup()
     common.header(f"fan-out: {args.viewers} websocket viewers vs 1 at {args.rate:,.0f} lines/s")
@@ -75,7 +78,9 @@ def main():
     user, token = common.bench_user()
     figures = {1: [], args.viewers: []}
     with common.Services() as services:
-        url = services.web()
+        url = services.web(web_env)
+        if web_env:
+            print(f"uvicorn runs with {web_env}")
         one_round(url, user, token, 1, args.rate, 1, args.ranks, 10, 1)          # warm-up
         for round_ in range(args.rounds):
             for count in (1, args.viewers):

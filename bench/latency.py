@@ -111,7 +111,10 @@ def main():
     parser.add_argument("--rate", type=float, default=500, help="lines/s of each rank")
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an extra setting for uvicorn, e.g. DATABASE_CONN_MAX_AGE=60 (repeatable)")
     args = parser.parse_args()
+    web_env = dict(item.split("=", 1) for item in args.web_env)
 
     import requests
 
@@ -121,7 +124,9 @@ def main():
     common.bench_image()
     runs = []
     with common.Services() as services:
-        url = services.web()
+        url = services.web(web_env)
+        if web_env:
+            print(f"uvicorn runs with {web_env}")
         web = services.started[-1]
         worker = services.worker(concurrency=4)
         session = requests.Session()
