@@ -140,10 +140,18 @@ class QuotaBook:
         self._backend_gpus = None
         self._windows = {}
         self._admitted = defaultdict(lambda: [0, 0])
+        self._constraints = {}
 
     # --- which scopes and limits ------------------------------------------------------------
     def constraints(self, owner_id, owner_name, group_id, group_name, backend):
-        """[(Scope, Limits)] that a job of this owner, group and backend must satisfy."""
+        """[(Scope, Limits)] that a job of this owner, group and backend must satisfy (the same
+        list object for the same owner, group and backend: do not change it)."""
+        key = (owner_id, group_id, backend)
+        if key not in self._constraints:
+            self._constraints[key] = self._find_constraints(owner_id, owner_name, group_id, group_name, backend)
+        return self._constraints[key]
+
+    def _find_constraints(self, owner_id, owner_name, group_id, group_name, backend):
         found = [(Scope("user", owner_id, owner_name), limits_of(self.rows.get(("user", owner_id, "")), self.site))]
         row = self.rows.get(("user", owner_id, backend))
         if row is not None:
