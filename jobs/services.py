@@ -257,13 +257,15 @@ def set_priority(job, priority, by):
 
 def cancel(job, by):
     """Cancel a job. A queued job ends at once; a running one is stopped by a worker."""
-    from .tasks import stop_job
+    from .tasks import dispatch, stop_job
 
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.is_terminal:
             raise CannotCancel(f"job {job.pk} has already ended ({locked.state.lower()})")
         if locked.state == State.QUEUED:
+            # It may have been the job others waited behind: let the scheduler look again.
+            transaction.on_commit(lambda: dispatch.delay())
             return states.transition(job.pk, State.CANCELLED, message=f"cancelled by {by.get_username()}")
         if not locked.cancel_requested:
             locked.cancel_requested = True

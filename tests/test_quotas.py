@@ -333,6 +333,19 @@ def test_a_big_job_reserves_capacity_and_a_quota_blocked_job_reserves_nothing(al
     assert reload(small).reason == "waiting behind an earlier job for capacity (local)"
 
 
+def test_cancelling_the_job_others_wait_behind_lets_the_queue_move(alice, bob, image, script, settings,
+                                                                   django_capture_on_commit_callbacks):
+    settings.RINGMASTER_LOCAL_GPUS = 4
+    running = submitted(alice, script, 2)
+    assert services.admit() == [running.pk]
+    big, small = submitted(bob, script, 4), submitted(alice, script, 1)
+    assert services.admit() == []
+    with django_capture_on_commit_callbacks() as on_commit:
+        services.cancel(big, by=bob)
+    assert [f for f in on_commit if f.__qualname__.startswith("cancel.")]  # the scheduler is asked again
+    assert services.admit() == [small.pk]
+
+
 def test_a_job_over_its_own_quota_does_not_hold_back_others_on_the_same_backend(alice, bob, image, script, settings):
     settings.RINGMASTER_LOCAL_GPUS = 8
     Quota.objects.create(user=alice, gpus=2)
