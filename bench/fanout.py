@@ -39,6 +39,8 @@ def one_round(url, user, token, viewers, rate, seconds, ranks, grace, procs):
     if follower is not None:
         follower.join(timeout=60)
     stored = LogLine.objects.filter(job=job).count()
+    first = LogLine.objects.filter(job=job, seq=0).values_list("text", flat=True).first()
+    start = common.stamp_of(first) if first else start        # when the first line was written
     return start, total, stored, results
 
 

@@ -6,7 +6,7 @@ real uvicorn, admitted and run by a real Celery worker (--pool threads) with the
 which follows and stores its output; the figure is the metric point `total_img_per_sec` that
 runners.output extracted from the job's "Total img/sec on 2 CPU(s): ..." line. Direct: the very
 argv and environment the local runner builds (LocalRunner.command / .environment), run with
-subprocess in a scratch folder, its output parsed by the same runners.output functions. Runs
+subprocess in a scratch folder and a session of its own, its output parsed by the same runners.output functions. Runs
 alternate portal/direct in ABBA order; the ratio of the medians is reported (goal >= 0.98).
 On this machine the ranks run on CPUs (no GPU is lent): each "GPU" is one CPU process.
 
@@ -57,8 +57,10 @@ def direct_run(spec, runner, scratch):
     scratch.mkdir(parents=True)
     (scratch / spec.script_name).write_text(spec.script_content)
     start = time.time()
+    # A session of its own, as in a terminal and as the local runner does: with the kernel's
+    # autogroup scheduling, a session is what CPU time is shared between on a busy machine.
     done = subprocess.run(runner.command(spec), cwd=scratch, env=runner.environment(spec), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900, start_new_session=True)
     elapsed = time.time() - start
     splitter = OutputSplitter()
     lines = splitter.feed(done.stdout) + splitter.finish()
