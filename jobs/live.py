@@ -64,3 +64,39 @@ def publish_state(job):
 
 def publish_lines(job_id, last_seq):
     _send(job_id, {"type": "job.lines", "last_seq": last_seq})
+
+
+BATCH_CONCURRENCY = 32
+
+
+def publish_states(jobs):
+    """publish_state for many jobs at once (the scheduler's new reasons for a long queue): the
+    sends run concurrently on the announcement loop, at most BATCH_CONCURRENCY at a time,
+    instead of one round trip to Redis after another."""
+    layer = get_channel_layer()
+    if layer is None or not jobs:
+        return
+    messages = [(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason}) for job in jobs]
+    if isinstance(layer, InMemoryChannelLayer):
+        for job_id, message in messages:
+            _send(job_id, message)
+        return
+
+    async def send_all():
+        limit = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+        async def send(job_id, message):
+            async with limit:
+                await layer.group_send(group_name(job_id), message)
+
+        results = await asyncio.gather(*(send(*item) for item in messages), return_exceptions=True)
+        failed = sum(isinstance(result, BaseException) for result in results)
+        if failed:
+            log.warning("could not notify viewers of %d of %d jobs", failed, len(messages))
+
+    future = asyncio.run_coroutine_threadsafe(send_all(), _announcer_loop())
+    try:
+        future.result(timeout=SEND_TIMEOUT_SECONDS + len(messages) / 100)
+    except Exception:  # viewers resync from the database
+        future.cancel()
+        log.warning("could not notify viewers of %d jobs", len(messages), exc_info=True)

@@ -8,7 +8,7 @@ from django.db.models import Case, ExpressionWrapper, F, Func, IntegerField, Out
 from django.utils import timezone
 
 from . import quotas, states
-from .live import publish_state
+from .live import publish_state, publish_states
 from .models import Backend, Job, JobEvent, SchedulerLock, Script, State
 
 
@@ -114,7 +114,7 @@ def admit():
     """
     from .tasks import run_job
 
-    admitted, reasons = [], {}
+    admitted, reasons, old_reasons = [], {}, {}
     with transaction.atomic():
         _lock_scheduler()
         book = quotas.QuotaBook()
@@ -137,8 +137,8 @@ def admit():
                         admitted.append(pk)
                     continue
             if reason != old_reason:
-                reasons[pk] = reason
-        _write_reasons(reasons)
+                reasons[pk], old_reasons[pk] = reason, old_reason
+        _write_reasons(reasons, old_reasons)
         for job_id in admitted:
             transaction.on_commit(lambda job_id=job_id: run_job.delay(job_id))
     return admitted
@@ -169,18 +169,38 @@ def _why_waiting(book, reserved, pk, constraints, backend, gpus):
     return None
 
 
-def _write_reasons(reasons):
-    """Store new reasons of still-queued jobs in a few statements, with an event each."""
+def _write_reasons(reasons, old_reasons):
+    """Store new reasons of still-queued jobs in a few statements, and tell live viewers.
+
+    A job's events record what it waits for when that changes (quota, capacity, held, ...),
+    not every change of the numbers or of the job it waits behind, so a job that waits for a
+    day does not collect thousands of events.
+    """
     by_reason = {}
     for pk, reason in reasons.items():
         by_reason.setdefault(reason, []).append(pk)
     for reason, ids in by_reason.items():
         for start in range(0, len(ids), 1000):
             Job.objects.filter(pk__in=ids[start:start + 1000], state=State.QUEUED).update(reason=reason)
-    JobEvent.objects.bulk_create([JobEvent(job_id=pk, message=reason) for pk, reason in reasons.items()],
-                                 batch_size=1000)
-    for pk, reason in reasons.items():
-        transaction.on_commit(lambda pk=pk, reason=reason: publish_state(_Announced(pk, State.QUEUED, reason)))
+    JobEvent.objects.bulk_create(
+        [JobEvent(job_id=pk, message=reason) for pk, reason in reasons.items()
+         if _waits_for(reason) != _waits_for(old_reasons[pk])],
+        batch_size=1000,
+    )
+    announced = [_Announced(pk, State.QUEUED, reason) for pk, reason in reasons.items()]
+    if announced:
+        transaction.on_commit(lambda: publish_states(announced))
+
+
+_WAITS_FOR = {
+    "waiting for quota": "quota", "waiting behind an earlier job for the quota": "quota",
+    "waiting for capacity": "capacity", "waiting behind an earlier job for capacity": "capacity",
+}
+
+
+def _waits_for(reason):
+    """What a waiting job waits for, without the numbers: "quota", "capacity", or the reason."""
+    return next((kind for prefix, kind in _WAITS_FOR.items() if reason.startswith(prefix)), reason)
 
 
 class _Announced:

@@ -217,6 +217,21 @@ def test_both_the_users_and_the_groups_limits_must_hold(alice, bob, vision, imag
     assert reload(more).reason == "waiting for quota: user alice: 2 of 2 GPUs in use, needs 1"
 
 
+def test_a_waiting_jobs_events_say_what_it_waits_for_not_every_change_of_the_numbers(alice, bob, vision, image,
+                                                                                       script):
+    Quota.objects.create(group=vision, gpus=4)
+    first, second = submitted(alice, script, 2), submitted(alice, script, 1)
+    assert services.admit() == [first.pk, second.pk]
+    waiting = submitted(bob, script, 3)
+    services.admit()
+    assert reload(waiting).reason == "waiting for quota: group vision: 3 of 4 GPUs in use, needs 3"
+    states.transition(second.pk, State.SUCCEEDED)
+    services.admit()
+    assert reload(waiting).reason == "waiting for quota: group vision: 2 of 4 GPUs in use, needs 3"
+    assert list(JobEvent.objects.filter(job=waiting, state="").values_list("message", flat=True)) == [
+        "waiting for quota: group vision: 3 of 4 GPUs in use, needs 3"]
+
+
 def test_a_user_in_several_groups_charges_the_default_group_or_the_one_named(alice, vision, image, script):
     nlp = Group.objects.create(name="nlp")
     nlp.user_set.add(alice)
