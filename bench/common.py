@@ -163,12 +163,12 @@ class Services:
         env.update(extra or {})
         return env
 
-    def web(self, extra_env=None):
+    def web(self, extra_env=None, extra_args=()):
         import requests
 
         port = free_port()
         server = Service("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning"],
+                                 "--port", str(port), "--log-level", "warning", *extra_args],
                          self._env(extra_env), DATA_DIR / "logs" / f"web-{port}.log")
         self.started.append(server.start())
         url = f"http://127.0.0.1:{port}"
