@@ -95,7 +95,8 @@ def main():
                 rates = [row["rate"] for row in rows]
                 p50 = common.median([row["p50"] for row in rows])
                 p99s = [row["p99"] for row in rows if row["p99"] is not None]
-                errors = {row["error"] for row in rows if row["error"]}
+                failed = [row["error"] for row in rows if row["error"]]
+                errors = {f"{len(failed)} viewer(s) dropped: " + e for e in sorted(set(failed))[:1]}
                 figure = {"complete": complete, "rate": common.median(rates), "min_rate": min(rates),
                           "total_rate": sum(row["lines"] for row in rows) / max(
                               [(r["last_recv"] or start) - start for r in results] + [1e-9]),

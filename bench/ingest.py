@@ -9,7 +9,7 @@ Redis channel layer receives every line. Throughput = lines / (last line receive
 - follower start). Baseline: the same lines, already split, formatted and sent with one COPY
 into jobs_logline in one transaction. Rounds alternate which goes first; medians are reported.
 
-    .venv/bin/python bench/ingest.py [--ranks 64] [--lines-per-rank 300] [--rounds 3]
+    .venv/bin/python bench/ingest.py [--ranks 64] [--lines-per-rank 300] [--rounds 5]
 """
 import argparse
 import io
@@ -94,7 +94,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--lines-per-rank", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
     common.setup()
