@@ -4,17 +4,10 @@ append_output() is a compare-and-set on the job's output offset, under the job's
 batch is stored only if it starts exactly where the stored output ends. Two followers of one
 job (a re-attach racing a slow old one) therefore can never store a line twice or skip one.
 
-On PostgreSQL the rows go in with COPY (about six times the ORM's bulk_create: building model
-instances and a parameterised INSERT costs more than the database's own work; see
-BENCHMARKS.md "ingest"). Other databases (SQLite, the embedded default) use bulk_create. Either
+On PostgreSQL the rows go in with COPY: bulk_create spent most of a batch building model
+instances and INSERT parameters, and COPY stores the same rows in about a third of that time
+(BENCHMARKS.md, "ingest"). Other databases (SQLite, the embedded default) use bulk_create. Either
 way the rows, the row lock, the offset check and the announcement after commit are the same.
-
-A batch commits without waiting for its WAL flush (synchronous_commit off, for this transaction
-only): the flush wait, one per batch, was the largest part of a line's latency on a busy disk.
-Nothing can be lost by it. Only a crash of PostgreSQL itself can undo such a commit, and then it
-undoes the lines together with the job's output offset, in the same transaction, so the next
-follower reads those bytes again and stores the same lines under the same seqs. Any later
-ordinary commit (a state change, for one) flushes every earlier one first.
 """
 import io
 
@@ -51,9 +44,6 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None):
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.output_offset != start or (follower and job.follower and job.follower != follower):
             return False
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit = off")
         seq = job.next_seq
         rows, points = [], []
         for line in lines:
