@@ -5,8 +5,9 @@ stdout and stderr together, each line tagged with its rank by horovodrun), `pid`
 written when horovodrun ends. horovodrun runs detached in its own session, so a Celery worker
 that dies or restarts does not take the training down; the next follower re-attaches by offset.
 
-Every process of a job carries RINGMASTER_JOB_ID in its environment. cancel() uses it to find
-and kill all of them, including ranks that horovodrun moved into process groups of their own.
+Every process of a job carries RINGMASTER_JOB_DIR (its folder) in its environment. cancel() uses
+it to find and kill all of them, including ranks that horovodrun moved into process groups of
+their own, and never another portal's job of the same number.
 """
 import fcntl
 import os
@@ -21,7 +22,10 @@ import psutil
 
 from .base import Exited, Output, Runner, Started, Waiting
 
-JOB_MARKER = "RINGMASTER_JOB_ID"
+JOB_ID = "RINGMASTER_JOB_ID"
+# What cancel() looks for: the job's own folder, unique to this portal's jobs folder, so two
+# portals (or a portal and its tests) on one machine never touch each other's job N.
+JOB_MARKER = "RINGMASTER_JOB_DIR"
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
@@ -64,7 +68,8 @@ class LocalRunner(Runner):
         env.update(spec.env)
         # ringmaster_metrics first; a PYTHONPATH the user set comes after it.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_PYTHON), spec.env.get("PYTHONPATH")) if p)
-        env[JOB_MARKER] = str(spec.job_id)
+        env[JOB_ID] = str(spec.job_id)
+        env[JOB_MARKER] = str(self.job_dir(spec).resolve())
         return env
 
     @contextmanager
@@ -150,7 +155,7 @@ class LocalRunner(Runner):
     def _processes(self, spec):
         """Every live process of this job: the launcher's group and everything with the marker."""
         found = {}
-        marker = str(spec.job_id)
+        marker = str(self.job_dir(spec).resolve())
         for process in psutil.process_iter(["pid", "status"]):
             if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
                 continue

@@ -180,11 +180,14 @@ def api_client(make_user):
 
 
 def job_processes(job_id):
-    """Live processes that carry the job's marker in their environment."""
+    """Live processes that carry the marker of this test session's job `job_id`."""
+    from runners.local import JOB_MARKER
+
+    marker = str((Path(settings.RINGMASTER_JOBS_DIR) / f"rm-job-{job_id}").resolve())
     found = []
     for process in psutil.process_iter():
         try:
-            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get("RINGMASTER_JOB_ID") == str(job_id):
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(JOB_MARKER) == marker:
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

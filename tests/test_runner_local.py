@@ -2,10 +2,10 @@
 import json
 import sys
 
-
 from runners.base import Exited, JobSpec, Output
 from runners.local import LocalRunner
 from runners.output import OutputSplitter
+from tests.conftest import wait_for
 
 SCRIPT = """
 import json, os, sys
@@ -68,3 +68,22 @@ def test_follow_resumes_from_an_offset_without_repeating(tmp_path):
     cut = whole.index(b"[0]<stdout>:25\n")
     resumed = b"".join(e.data for e in runner.follow(spec, cut) if isinstance(e, Output))
     assert whole[:cut] + resumed == whole
+
+
+def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
+    """Two portals on one machine (or a portal and its tests) both have a job 424245."""
+    spec = JobSpec(job_id=424245, gpus=2, python=sys.executable, script_name="s.py",
+                   script_content="import time\nprint('up', flush=True)\ntime.sleep(600)\n", script_path=None)
+    mine, theirs = LocalRunner(tmp_path / "mine", kill_grace=5), LocalRunner(tmp_path / "theirs", kill_grace=5)
+    try:
+        for runner in (mine, theirs):
+            runner.launch(spec)
+        for runner in (mine, theirs):                       # both jobs' ranks are up
+            wait_for(lambda r=runner: (r.job_dir(spec) / "output.log").read_bytes().count(b"up") == 2,
+                     timeout=120, message="both ranks to start")
+        mine.cancel(spec)
+        assert mine._processes(spec) == []
+        assert len(theirs._processes(spec)) >= 3            # horovodrun + 2 ranks, untouched
+    finally:
+        mine.cancel(spec)
+        theirs.cancel(spec)
