@@ -125,6 +125,10 @@ def _follow(job_id, me, runner, spec):
                                            splitter.state(), follower=me):
                 lost = True
                 break
+            if stop_reason or job.cancel_requested:
+                # The launcher may have gone first (a cancel elsewhere signals it before the
+                # ranks): the job ends only once every one of its processes has.
+                runner.cancel(spec)
             finish(job_id, event, stop_reason)
             return
         now = time.monotonic()
