@@ -113,7 +113,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # The layer waits on Redis in 5-second blocking reads; redis-py's own 5-second socket
+            # timeout would cut them and drop a quiet viewer's websocket. Give reads twice that
+            # (longer also holds up the web server's shutdown while a read is pending).
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 10}]},
         }
     }
 else:

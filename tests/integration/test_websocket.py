@@ -114,3 +114,21 @@ def test_staff_may_watch_any_job(live_portal, job, make_user):
             return json.loads(await asyncio.wait_for(ws.recv(), 10))
 
     assert asyncio.run(first_message())["type"] == "state"
+
+
+def test_a_viewer_left_quiet_for_a_while_still_gets_the_next_line(live_portal, job, alice):
+    """Jobs go quiet (a long epoch, a checkpoint); the connection must outlive the silence.
+    The silence is the scenario here, so it is slept on purpose: longer than the channel
+    layer's 5-second blocking read from Redis."""
+    store(job, 0, 3)
+    headers = token_header(alice)
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job, since=3), additional_headers=headers) as ws:
+            await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            await asyncio.sleep(12)
+            await sync_to_async(store)(job, 3, 2)
+            later = await receive_until(ws, lambda m: 6 in seqs(m))
+            assert seqs(later) == [4, 5, 6]
+
+    asyncio.run(scenario())
