@@ -22,11 +22,59 @@ from .services import visible_jobs
 
 BATCH = 1000
 POLL_SECONDS = 1.0
+SHARED_BATCH_SECONDS = 5.0
 
 
 def _point(point):
     return {"seq": point.seq, "name": point.name, "rank": rank_label(point.rank), "step": point.step,
             "value": point.value, "ts": point.ts}
+
+
+def fetch(job_id, after, upto=None):
+    """Up to BATCH stored lines after seq `after` (and at most `upto`), and their metric points."""
+    lines = LogLine.objects.filter(job_id=job_id, seq__gt=after)
+    if upto is not None:
+        lines = lines.filter(seq__lte=upto)
+    lines = list(lines.order_by("seq")[:BATCH])
+    points = []
+    if lines:
+        points = list(MetricPoint.objects.filter(job_id=job_id, seq__gt=after, seq__lte=lines[-1].seq)
+                      .order_by("seq", "id"))
+    return LogLineSerializer(lines, many=True).data, points
+
+
+@database_sync_to_async
+def _encode_batch(job_id, after, upto):
+    lines, points = fetch(job_id, after, upto)
+    if not lines:
+        return None, None, None
+    points_text = json.dumps({"type": "metrics", "points": [_point(p) for p in points]}, cls=JSONEncoder)
+    return (json.dumps({"type": "lines", "lines": lines}, cls=JSONEncoder), points_text if points else None,
+            lines[-1]["seq"])
+
+
+_batches = {}  # (job id, after, upto) -> the task encoding that batch, kept a few seconds
+
+
+async def shared_batch(job_id, after, upto):
+    """(lines message, metrics message or None, last seq) for the lines in (after, upto].
+
+    A push reaches every viewer of a job; those at the same place (all of the live ones, as a
+    rule) await one task, so 200 viewers cost one query and one encoding per batch, not 200.
+    """
+    key = (job_id, after, upto)
+    task = _batches.get(key)
+    if task is None:
+        task = _batches[key] = asyncio.ensure_future(_encode_batch(job_id, after, upto))
+        loop = asyncio.get_running_loop()
+
+        def forget(done):
+            if done.cancelled() or done.exception():
+                _batches.pop(key, None)                # a failed query is not shared with latecomers
+            else:
+                loop.call_later(SHARED_BATCH_SECONDS, _batches.pop, key, None)
+        task.add_done_callback(forget)
+    return await asyncio.shield(task)       # a viewer that leaves does not cancel the others' batch
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
@@ -66,8 +114,17 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     # --- group messages (jobs.live) ---------------------------------------------------------
     async def job_lines(self, event):
-        if event["last_seq"] > self.last_seq:
-            await self._send_new()
+        """New lines up to event["last_seq"] are stored. Viewers of a job in this process that
+        have seen the same lines share one query and one encoding of what follows."""
+        target = event["last_seq"]
+        while self.last_seq < target:
+            lines_text, points_text, last = await shared_batch(self.job_id, self.last_seq, target)
+            if last is None:
+                return
+            await self.send(text_data=lines_text)
+            if points_text:
+                await self.send(text_data=points_text)
+            self.last_seq = last
 
     async def job_state(self, event):
         await self._send_state(event["state"], event["reason"])
@@ -104,12 +161,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _fetch(self, after):
-        lines = list(LogLine.objects.filter(job_id=self.job_id, seq__gt=after).order_by("seq")[:BATCH])
-        points = []
-        if lines:
-            points = list(MetricPoint.objects.filter(job_id=self.job_id, seq__gt=after, seq__lte=lines[-1].seq)
-                          .order_by("seq", "id"))
-        return LogLineSerializer(lines, many=True).data, points
+        return fetch(self.job_id, after)
 
     @database_sync_to_async
     def _state(self):

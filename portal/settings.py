@@ -94,7 +94,8 @@ WSGI_APPLICATION = "portal.wsgi.application"
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'ringmaster.sqlite3'}"),
-        conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
+        # Kept open for a minute: a websocket viewer's query should not pay for a new connection.
+        conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "60")),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

@@ -132,3 +132,29 @@ def test_a_viewer_left_quiet_for_a_while_still_gets_the_next_line(live_portal, j
             assert seqs(later) == [4, 5, 6]
 
     asyncio.run(scenario())
+
+
+def test_many_viewers_of_one_job_each_get_every_line_once(live_portal, job, alice, make_user):
+    """Viewers at the same place share each live batch (one query, one encoding per process)."""
+    headers = [token_header(alice), token_header(make_user("root", is_staff=True))]
+    store(job, 0, 5)                                       # seq 0..5
+
+    async def viewer(index, ready):
+        async with connect(ws_url(live_portal, job, since=5), additional_headers=headers[index % 2]) as ws:
+            await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            ready.release()
+            got = await receive_until(ws, lambda m: 40 in seqs(m) and m[-1]["type"] == "metrics", timeout=60)
+            return seqs(got), sum(len(m["points"]) for m in got if m["type"] == "metrics")
+
+    async def scenario():
+        ready = asyncio.Semaphore(0)
+        viewers = [asyncio.ensure_future(viewer(i, ready)) for i in range(20)]
+        for _ in viewers:
+            await ready.acquire()
+        for batch in range(5):                             # 5 batches of 7 lines (one a metric)
+            await sync_to_async(store)(job, 100 + batch * 6, 6)
+        return await asyncio.gather(*viewers)
+
+    for got, points in asyncio.run(scenario()):
+        assert got == list(range(6, 41))
+        assert points == 5
