@@ -22,7 +22,7 @@ from .services import visible_jobs
 
 BATCH = 1000
 POLL_SECONDS = 1.0
-SHARED_BATCH_SECONDS = 5.0
+SHARED_BATCH_SECONDS = 2.0
 
 
 def _point(point):
@@ -30,12 +30,9 @@ def _point(point):
             "value": point.value, "ts": point.ts}
 
 
-def fetch(job_id, after, upto=None):
-    """Up to BATCH stored lines after seq `after` (and at most `upto`), and their metric points."""
-    lines = LogLine.objects.filter(job_id=job_id, seq__gt=after)
-    if upto is not None:
-        lines = lines.filter(seq__lte=upto)
-    lines = list(lines.order_by("seq")[:BATCH])
+def fetch(job_id, after):
+    """Up to BATCH stored lines after seq `after`, and their metric points."""
+    lines = list(LogLine.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:BATCH])
     points = []
     if lines:
         points = list(MetricPoint.objects.filter(job_id=job_id, seq__gt=after, seq__lte=lines[-1].seq)
@@ -44,8 +41,8 @@ def fetch(job_id, after, upto=None):
 
 
 @database_sync_to_async
-def _encode_batch(job_id, after, upto):
-    lines, points = fetch(job_id, after, upto)
+def _encode_batch(job_id, after):
+    lines, points = fetch(job_id, after)
     if not lines:
         return None, None, None
     points_text = json.dumps({"type": "metrics", "points": [_point(p) for p in points]}, cls=JSONEncoder)
@@ -53,24 +50,24 @@ def _encode_batch(job_id, after, upto):
             lines[-1]["seq"])
 
 
-_batches = {}  # (job id, after, upto) -> the task encoding that batch, kept a few seconds
+_batches = {}  # (job id, after) -> the task encoding the batch after that seq, kept briefly
 
 
-async def shared_batch(job_id, after, upto):
-    """(lines message, metrics message or None, last seq) for the lines in (after, upto].
+async def shared_batch(job_id, after):
+    """(lines message, metrics message or None, last seq) for up to BATCH lines after `after`.
 
     A push reaches every viewer of a job; those at the same place (all of the live ones, as a
     rule) await one task, so 200 viewers cost one query and one encoding per batch, not 200.
     """
-    key = (job_id, after, upto)
+    key = (job_id, after)
     task = _batches.get(key)
     if task is None:
-        task = _batches[key] = asyncio.ensure_future(_encode_batch(job_id, after, upto))
+        task = _batches[key] = asyncio.ensure_future(_encode_batch(job_id, after))
         loop = asyncio.get_running_loop()
 
         def forget(done):
-            if done.cancelled() or done.exception():
-                _batches.pop(key, None)                # a failed query is not shared with latecomers
+            if done.cancelled() or done.exception() or done.result()[2] is None:
+                _batches.pop(key, None)                # nothing to share: failed, or no lines yet
             else:
                 loop.call_later(SHARED_BATCH_SECONDS, _batches.pop, key, None)
         task.add_done_callback(forget)
@@ -118,7 +115,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         have seen the same lines share one query and one encoding of what follows."""
         target = event["last_seq"]
         while self.last_seq < target:
-            lines_text, points_text, last = await shared_batch(self.job_id, self.last_seq, target)
+            # Everything stored after what this viewer has, not only up to this push: a viewer
+            # that falls behind catches up in larger batches and skips the pushes it overtook.
+            lines_text, points_text, last = await shared_batch(self.job_id, self.last_seq)
             if last is None:
                 return
             await self.send(text_data=lines_text)
