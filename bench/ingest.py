@@ -52,7 +52,7 @@ def copy_run(user, lines):
 def portal_run(url, user, token, data, expected_lines, expected_points):
     """(seconds until stored, seconds until the viewer had every line) through the portal."""
     from jobs import follow
-    from jobs.models import Job, LogLine, MetricPoint, State
+    from jobs.models import LogLine, MetricPoint, State
 
     job = common.running_job(user, gpus=64, name="ingest")
     directory = common.job_dir(job.pk)

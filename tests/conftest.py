@@ -133,26 +133,41 @@ def celery_worker(service_env, tmp_path_factory):
     worker.stop()
 
 
-@pytest.fixture(scope="session")
-def live_portal(service_env, tmp_path_factory):
-    """The portal served by uvicorn (ASGI) on a free port; yields its base URL."""
-    port = free_port()
-    server = Service(
-        "web",
-        [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port)],
-        service_env, tmp_path_factory.mktemp("logs") / "web.log",
-    )
-    server.start()
-    url = f"http://127.0.0.1:{port}"
+class WebServer(Service):
+    """uvicorn serving the portal (ASGI) on a port of its own; a test may kill it and start it
+    again on the same port."""
 
-    def up():
+    def __init__(self, env, log_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
+                                 "--port", str(self.port)], env, log_path)
+
+    def up(self):
         try:
-            return requests.get(f"{url}/login/", timeout=2).status_code == 200
+            return requests.get(f"{self.url}/login/", timeout=2).status_code == 200
         except requests.ConnectionError:
             return False
 
-    wait_for(up, timeout=60, message="uvicorn to serve the portal")
-    yield url
+    def start(self):
+        super().start()
+        wait_for(self.up, timeout=90, message="uvicorn to serve the portal")
+        return self
+
+
+@pytest.fixture(scope="session")
+def live_portal(service_env, tmp_path_factory):
+    """The portal served by uvicorn for the whole session; yields its base URL."""
+    server = WebServer(service_env, tmp_path_factory.mktemp("logs") / "web.log").start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def restartable_portal(service_env, tmp_path):
+    """A web server of this test's own, which the test may kill and start again."""
+    server = WebServer(service_env, tmp_path / "web.log").start()
+    yield server
     server.stop()
 
 

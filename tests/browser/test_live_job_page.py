@@ -15,7 +15,7 @@ from jobs.logstore import append_output
 from jobs.models import Job, Script, State
 from runners.output import Line
 from tests.browser.conftest import expect
-from tests.conftest import VENV_BIN, Service, free_port, wait_for
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -201,28 +201,6 @@ def test_a_million_line_log_opens_at_the_tail_and_pages_older_lines_on_scroll(lo
     expect(page.locator("#log .line").last).to_have_text("1line 12345 again, live")
 
 
-@pytest.fixture
-def restartable_portal(service_env, tmp_path):
-    """A uvicorn of this test's own, on a fixed port, that the test can kill and start again."""
-    port = free_port()
-    server = Service("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
-                             "--port", str(port)], service_env, tmp_path / "web.log")
-    url = f"http://127.0.0.1:{port}"
-
-    def start():
-        server.start()
-        wait_for(lambda: server.output().count("Uvicorn running") == starts[0] + 1, timeout=60,
-                 message="uvicorn to start")
-        starts[0] += 1
-
-    starts = [0]
-    server.start_and_wait = start
-    server.url = url
-    start()
-    yield server
-    server.stop()
-
-
 def test_the_page_reconnects_after_a_web_server_restart_and_misses_nothing(log_in, job, alice,
                                                                             restartable_portal):
     store(job, numbered(0, 20))
@@ -233,7 +211,7 @@ def test_the_page_reconnects_after_a_web_server_restart_and_misses_nothing(log_i
     restartable_portal.kill()
     expect(page.locator("#live-status")).to_have_attribute("data-status", "reconnecting")
     store(job, numbered(20, 30))                                          # stored while nobody serves
-    restartable_portal.start_and_wait()
+    restartable_portal.start()
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live", timeout=30_000)
     store(job, numbered(50, 10))
     assert_complete(page, 60)
