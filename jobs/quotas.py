@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 from .models import ACTIVE_STATES, Job, Quota, UserSettings
@@ -347,3 +350,11 @@ def describe_limits(limits):
     if limits.gpu_hours is not None:
         parts.append(f"{number(limits.gpu_hours)} GPU-hours per {limits.window_days} days")
     return ", ".join(parts) or "no limits"
+
+
+@receiver([post_save, post_delete], sender=Quota)
+def look_at_the_queue_again(sender, **kwargs):
+    """A raised (or removed) limit may let queued jobs start now, not at the next beat."""
+    from .tasks import dispatch
+
+    transaction.on_commit(dispatch.delay)

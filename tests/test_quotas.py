@@ -217,6 +217,24 @@ def test_both_the_users_and_the_groups_limits_must_hold(alice, bob, vision, imag
     assert reload(more).reason == "waiting for quota: user alice: 2 of 2 GPUs in use, needs 1"
 
 
+def test_raising_a_quota_looks_at_the_queue_at_once_not_at_the_next_beat(alice, image, script,
+                                                                          django_capture_on_commit_callbacks):
+    quota = Quota.objects.create(user=alice, gpus=2)
+    running = submitted(alice, script, 2)
+    waiting = submitted(alice, script, 2)
+    assert services.admit() == [running.pk]
+    assert reload(waiting).reason == "waiting for quota: user alice: 2 of 2 GPUs in use, needs 2"
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        quota.gpus = 4
+        quota.save()                                                      # as the admin or set_quota does
+    assert tasks.dispatch.delay in callbacks                              # the scheduler runs on commit
+    assert services.admit() == [waiting.pk]                               # ... and now admits the job
+    with django_capture_on_commit_callbacks() as callbacks:
+        quota.delete()
+    assert tasks.dispatch.delay in callbacks
+
+
 def test_a_waiting_jobs_events_say_what_it_waits_for_not_every_change_of_the_numbers(alice, bob, vision, image,
                                                                                        script):
     Quota.objects.create(group=vision, gpus=4)
