@@ -3,11 +3,12 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
+from django.core.exceptions import ImproperlyConfigured
 from django.template.response import TemplateResponse
 
 from . import services
 from .forms import MAX_PRIORITY
-from .models import Image, Job, JobEvent, Quota, Script, State, UserSettings
+from .models import Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
 
 
 @admin.register(Image)
@@ -153,3 +154,75 @@ class RingmasterUserAdmin(UserAdmin):
 @admin.register(Group)
 class RingmasterGroupAdmin(GroupAdmin):
     inlines = [*GroupAdmin.inlines, QuotaInline]
+
+
+class InstanceForm(forms.ModelForm):
+    """The private key is write-only: a new one replaces the stored one; it is never shown."""
+
+    private_key = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "autocomplete": "off"}), required=False, strip=False,
+        help_text="Paste an unencrypted OpenSSH/PEM private key. Stored encrypted; never shown again. "
+                  "Leave empty to keep the stored key.",
+    )
+
+    class Meta:
+        model = Instance
+        fields = ["name", "host", "port", "user", "gpus", "labels", "enabled", "setup", "work_dir",
+                  "peer_ssh_port", "peer_ssh_key", "network_interface", "host_key"]
+
+    def clean_private_key(self):
+        from runners import ssh
+
+        text = self.cleaned_data.get("private_key") or ""
+        if not text.strip():
+            if not (self.instance and self.instance.private_key_encrypted):
+                raise forms.ValidationError("A private key is required.")
+            return ""
+        try:
+            ssh.load_private_key(text)
+        except ssh.InstanceError as exc:
+            raise forms.ValidationError(str(exc))
+        try:
+            self.instance.set_private_key(text)
+        except ImproperlyConfigured as exc:
+            raise forms.ValidationError(str(exc))
+        return text
+
+    def save(self, commit=True):
+        instance = super().save(commit=False)
+        if commit:
+            instance.save()
+        return instance
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    form = InstanceForm
+    list_display = ["name", "host", "port", "user", "gpus", "slots_in_use", "labels", "enabled", "healthy",
+                    "health_reason", "health_checked_at"]
+    list_filter = ["enabled", "healthy"]
+    search_fields = ["name", "host", "labels"]
+    readonly_fields = ["healthy", "health_reason", "health_checked_at", "gpus_detected", "host_key_fingerprint"]
+    actions = ["check_health_now"]
+
+    @admin.display(description="slots in use")
+    def slots_in_use(self, obj):
+        return sum(a.slots for a in obj.allocations.all())
+
+    @admin.display(description="host key")
+    def host_key_fingerprint(self, obj):
+        from runners import ssh
+
+        return ssh.host_key_fingerprint(obj.host_key) if obj.host_key else "not recorded yet"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("allocations")
+
+    @admin.action(description="Check health now (over SSH)")
+    def check_health_now(self, request, queryset):
+        from . import instances
+
+        for instance in queryset:
+            ok, reason = instances.check(instance)
+            self.message_user(request, f"{instance.name}: {'healthy' if ok else 'unhealthy'}: {reason}",
+                              messages.SUCCESS if ok else messages.WARNING)

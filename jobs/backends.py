@@ -10,6 +10,10 @@ from .models import Backend
 def runner_for(job):
     if job.backend == Backend.LOCAL:
         return LocalRunner(settings.RINGMASTER_JOBS_DIR)
+    if job.backend == Backend.INSTANCES:
+        from .instances import runner_for as instance_runner
+
+        return instance_runner(job)
     raise ValueError(f"backend {job.backend!r} is not available")
 
 
@@ -25,3 +29,11 @@ def job_spec(job):
         env=dict(job.env),
         time_limit_seconds=job.time_limit_minutes * 60,
     )
+
+
+def after_launch(job, runner, error=None):
+    """What a backend keeps from a launch (or a failed one)."""
+    if job.backend == Backend.INSTANCES:
+        from .instances import after_launch as instances_after_launch
+
+        instances_after_launch(runner, error)

@@ -19,7 +19,7 @@ from runners.base import Exited, Output
 from runners.output import OutputSplitter
 
 from . import states
-from .backends import job_spec, runner_for
+from .backends import after_launch, job_spec, runner_for
 from .logstore import append_output, last_lines
 from .models import ACTIVE_STATES, Job, State
 
@@ -93,9 +93,11 @@ def _run(job_id, me):
             started = runner.launch(spec)
         except Exception as exc:
             log.exception("job %s: launch failed", job_id)
+            after_launch(job, runner, exc)
             states.transition(job_id, State.FAILED, expect={State.LAUNCHING}, reason=f"launch failed: {exc}"[:500])
             _after_end()
             return
+        after_launch(job, runner)
         states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
     _follow(job_id, me, runner, spec)
 

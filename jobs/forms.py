@@ -22,7 +22,7 @@ MAX_ENV = 500
 MAX_PRIORITY = 1000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
-IMPLEMENTED_BACKENDS = {Backend.LOCAL}
+IMPLEMENTED_BACKENDS = {Backend.LOCAL, Backend.INSTANCES}
 
 
 def _no_nul(value, what):

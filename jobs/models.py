@@ -256,3 +256,68 @@ class UserSettings(models.Model):
 
     def __str__(self):
         return f"settings of {self.user}"
+
+
+class Instance(models.Model):
+    """An interactive GPU machine the `instances` backend runs horovodrun on, over SSH.
+
+    Its login shell (or `setup`) must provide `python` and `horovodrun`. The private key is stored
+    encrypted (jobs.secrets) and never shown back. The host key is recorded the first time the
+    portal connects (trust on first use); a host that shows another key is refused.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    host = models.CharField(max_length=255, help_text="Host name or address; also what horovodrun -H uses.")
+    port = models.PositiveIntegerField(default=22)
+    user = models.CharField(max_length=100)
+    gpus = models.PositiveIntegerField(verbose_name="GPUs", help_text="Slots this instance offers.")
+    labels = models.CharField(max_length=300, blank=True, help_text="Comma-separated, e.g. a100,nvlink.")
+    enabled = models.BooleanField(default=True)
+    private_key_encrypted = models.TextField(editable=False, blank=True)
+    host_key = models.CharField(max_length=2000, blank=True,
+                                help_text="Recorded on first connection; clear it to accept a new host key.")
+    setup = models.CharField(max_length=1000, blank=True,
+                             help_text="A /bin/sh line run before horovodrun, e.g. `. /opt/venv/bin/activate`.")
+    work_dir = models.CharField(max_length=500, default=".ringmaster/jobs",
+                                help_text="Where job directories go (relative: to the user's home). "
+                                          "Must be the same path on every instance of a multi-host job.")
+    peer_ssh_port = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="horovodrun -p: SSH port between instances.")
+    peer_ssh_key = models.CharField(max_length=500, blank=True,
+                                    help_text="horovodrun -i: key file, on the instance, to reach the others.")
+    network_interface = models.CharField(max_length=50, blank=True,
+                                         help_text="horovodrun --network-interface (e.g. eth0).")
+
+    healthy = models.BooleanField(default=False)
+    health_reason = models.CharField(max_length=500, blank=True, default="not checked yet")
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    gpus_detected = models.IntegerField(null=True, blank=True, help_text="From nvidia-smi, where present.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def set_private_key(self, text):
+        from .secrets import encrypt
+
+        self.private_key_encrypted = encrypt(text)
+
+    def private_key(self):
+        from .secrets import decrypt
+
+        return decrypt(self.private_key_encrypted)
+
+
+class SlotAllocation(models.Model):
+    """GPU slots a job holds on one instance, from admission until the job ends (any way)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="allocations")
+    slots = models.PositiveIntegerField()
+    position = models.PositiveSmallIntegerField(help_text="0: the host that runs horovodrun.")
+
+    class Meta:
+        ordering = ["job", "position"]
+        constraints = [models.UniqueConstraint(fields=["job", "instance"], name="slots_once_per_job_instance")]

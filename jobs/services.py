@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, ExpressionWrapper, F, Func, IntegerField, OuterRef, Q, Subquery, When
 from django.utils import timezone
 
-from . import quotas, states
+from . import instances, quotas, states
 from .live import publish_state, publish_states
 from .models import Backend, Job, JobEvent, SchedulerLock, Script, State
 
@@ -79,6 +79,8 @@ def backend_capacity(backend):
     """GPUs `backend` can run at once; None where the backend queues beyond its size itself."""
     if backend == Backend.LOCAL:
         return settings.RINGMASTER_LOCAL_GPUS
+    if backend == Backend.INSTANCES:
+        return instances.capacity()
     return None
 
 
@@ -119,6 +121,7 @@ def admit():
         _lock_scheduler()
         book = quotas.QuotaBook()
         reserved = {}                      # constraint key -> the first job waiting on it
+        slots = _Slots()                   # instance slots: locked and placed on first need
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
                  .order_by("-priority", "created_at", "id")
                  .values_list("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name",
@@ -128,9 +131,11 @@ def admit():
                 reason = f"held by {held_by or 'an admin'}"
             else:
                 constraints = book.constraints(owner_id, owner, group_id, group, backend)
-                reason = _why_waiting(book, reserved, pk, constraints, backend, gpus)
+                reason = _why_waiting(book, reserved, pk, constraints, backend, gpus, slots)
                 if reason is None:
-                    if states.transition(pk, State.LAUNCHING, message="admitted", expect={State.QUEUED}):
+                    if states.transition(pk, State.LAUNCHING, message=slots.admitted_message(pk),
+                                         expect={State.QUEUED}):
+                        slots.allocate(pk)
                         # A pending claim: reconcile leaves the job to the run_job task sent below.
                         Job.objects.filter(pk=pk).update(follower_heartbeat=timezone.now())
                         book.charge(constraints, gpus, backend)
@@ -144,7 +149,33 @@ def admit():
     return admitted
 
 
-def _why_waiting(book, reserved, pk, constraints, backend, gpus):
+class _Slots:
+    """The instances backend's part of one admission pass: its instance rows are locked (FOR
+    UPDATE) the first time a job needs them; a job that fits gets a placement, written as
+    SlotAllocation rows when it is admitted."""
+
+    def __init__(self):
+        self.pool, self.plans = None, {}
+
+    def place(self, pk, gpus):
+        if self.pool is None:
+            self.pool = instances.Pool()
+        placement, reason = self.pool.place(gpus)
+        if placement is not None:
+            self.plans[pk] = placement
+        return reason
+
+    def admitted_message(self, pk):
+        if pk not in self.plans:
+            return "admitted"
+        return "admitted: " + ", ".join(f"{i.name}:{n}" for i, n in self.plans[pk])
+
+    def allocate(self, pk):
+        if pk in self.plans:
+            self.pool.allocate(pk, self.plans.pop(pk))
+
+
+def _why_waiting(book, reserved, pk, constraints, backend, gpus, slots=None):
     """Why this job cannot be admitted now (reserving what it waits for), or None: admit it."""
     never = book.never_fits(constraints, gpus)
     if never:
@@ -157,6 +188,14 @@ def _why_waiting(book, reserved, pk, constraints, backend, gpus):
         for scope, _ in blocked:
             reserved[scope.key] = pk
         return "waiting for quota: " + "; ".join(message for _, message in blocked)
+    if backend == Backend.INSTANCES:
+        # Slots on instances, as few as possible; the first job that does not fit reserves them.
+        if ("capacity", backend) in reserved:
+            return f"waiting behind an earlier job for capacity ({backend})"
+        reason = (slots or _Slots()).place(pk, gpus)
+        if reason is not None:
+            reserved[("capacity", backend)] = pk
+        return reason
     capacity = backend_capacity(backend)
     if capacity is None:
         return None

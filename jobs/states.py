@@ -9,7 +9,7 @@ same transaction, and tells live viewers once the transaction commits.
 from django.db import transaction
 from django.utils import timezone
 
-from .models import Job, JobEvent, State
+from .models import Job, JobEvent, SlotAllocation, State
 
 ALLOWED = {
     State.QUEUED: {State.LAUNCHING, State.CANCELLED, State.FAILED},
@@ -60,6 +60,8 @@ def transition(job_id, target, *, message="", expect=None, **fields):
             job.started_at = now
         if target in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
             job.finished_at = now
+            # The one place slots are freed: whichever way the job ended, in this transaction.
+            SlotAllocation.objects.filter(job_id=job_id).delete()
             if job.started_at and "gpu_seconds" not in fields:
                 job.gpu_seconds = (now - job.started_at).total_seconds() * job.gpus
         if target != State.QUEUED and "reason" not in fields:

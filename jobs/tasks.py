@@ -23,6 +23,14 @@ def stop_job(job_id):
 
 
 @shared_task
+def check_instances():
+    """Health of every enabled GPU instance over SSH (from beat, and on demand)."""
+    from . import instances
+
+    return {name: ok for name, (ok, _) in instances.check_all().items()}
+
+
+@shared_task
 def reconcile():
     return follow.reconcile()
 

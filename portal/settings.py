@@ -142,6 +142,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": 15.0},
+    "check-instances": {"task": "jobs.tasks.check_instances", "schedule": 60.0},
 }
 
 # --- auth and API ---------------------------------------------------------------------------
@@ -198,6 +199,13 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # A job stuck in LAUNCHING this long fails.
 RINGMASTER_LAUNCH_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_LAUNCH_TIMEOUT_SECONDS", "300"))
+# Fernet keys (comma separated, the first encrypts) for secrets stored in the database: the SSH
+# private keys of instances (jobs.secrets). Unset: such secrets cannot be stored.
+RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS", "")
+# horovodrun --start-timeout on GPU instances, and how long the portal waits for an instance's
+# SSH server before it calls it unreachable.
+RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS", "60"))
+RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS = float(os.environ.get("RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS", "10"))
 
 
 def env_limit(name):

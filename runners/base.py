@@ -33,6 +33,28 @@ class JobSpec:
         return [self.python, script, *self.args]
 
 
+# What every launcher wraps horovodrun in: record its exit code atomically (a reader sees no file
+# or the whole code). User words never enter this string: they are positional parameters,
+# expanded by "$@" without being parsed again.
+EXIT_CODE_WRAPPER = '"$@"; code=$?; echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code'
+# Every process of a job carries its id, and its folder (unique per portal and host: what
+# cancel finds them by, so another portal's job of the same number is never touched).
+JOB_MARKER = "RINGMASTER_JOB_ID"
+JOB_DIR_MARKER = "RINGMASTER_JOB_DIR"
+
+
+def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
+    """horovodrun's argv for `spec` on `hosts` ("h1:2,h2:2"): Gloo, no cache, an explicit start
+    timeout, then the training command, word for word. `launcher` is how horovodrun is started
+    (["horovodrun"] or [python, "-m", "horovod.runner.launch"]); `extra` are more options
+    (ssh port and key, network interface), which must come before the training command."""
+    return [
+        *launcher, "--gloo", "-np", str(spec.gpus), "-H", hosts, *extra,
+        "--disable-cache", "--start-timeout", str(start_timeout),
+        *spec.training_command(),
+    ]
+
+
 @dataclass(frozen=True)
 class Started:
     detail: str

@@ -20,18 +20,16 @@ from pathlib import Path
 
 import psutil
 
-from .base import Exited, Output, Runner, Started, Waiting
+from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
+from .base import JOB_MARKER as JOB_ID
 
-JOB_ID = "RINGMASTER_JOB_ID"
 # What cancel() looks for: the job's own folder, unique to this portal's jobs folder, so two
 # portals (or a portal and its tests) on one machine never touch each other's job N.
-JOB_MARKER = "RINGMASTER_JOB_DIR"
+JOB_MARKER = JOB_DIR_MARKER
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
-# The wrapper records horovodrun's exit code atomically. User words never enter this string:
-# they are positional parameters, expanded by "$@" without being parsed again.
-WRAPPER = '"$@"; code=$?; echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code'
+WRAPPER = EXIT_CODE_WRAPPER
 
 
 class LocalRunner(Runner):
@@ -48,12 +46,8 @@ class LocalRunner(Runner):
 
     def command(self, spec):
         """horovodrun's argv: one process per GPU slot on localhost."""
-        return [
-            spec.python, "-m", "horovod.runner.launch", "--gloo",
-            "-np", str(spec.gpus), "-H", f"localhost:{spec.gpus}",
-            "--disable-cache", "--start-timeout", str(self.start_timeout),
-            *spec.training_command(),
-        ]
+        return horovodrun_argv([spec.python, "-m", "horovod.runner.launch"], spec, f"localhost:{spec.gpus}",
+                               self.start_timeout)
 
     def environment(self, spec):
         """A clean environment: the portal's own secrets (database URL, keys) never reach a job."""

@@ -82,8 +82,17 @@ class Service:
         return Path(self.log_path).read_text(errors="replace")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fernet_keys():
+    """Secrets (instance SSH keys) are encrypted with a key made for this test session."""
+    if not settings.RINGMASTER_FERNET_KEYS:
+        from cryptography.fernet import Fernet
+
+        settings.RINGMASTER_FERNET_KEYS = Fernet.generate_key().decode()
+
+
 @pytest.fixture(scope="session")
-def service_env(django_db_setup, django_db_blocker, tmp_path_factory):
+def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_keys):
     """Environment for child processes: the test database, the test Redis, a jobs folder."""
     data_dir = tmp_path_factory.mktemp("ringmaster-data")
     env = dict(os.environ)
@@ -97,6 +106,7 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory):
         # This checkout's code, whichever checkout the venv's editable install points at.
         "PYTHONPATH": str(ROOT),
         "RINGMASTER_LOCAL_GPUS": "4",
+        "RINGMASTER_FERNET_KEYS": settings.RINGMASTER_FERNET_KEYS,
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")

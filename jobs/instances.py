@@ -1,0 +1,152 @@
+"""GPU instances: where a job's slots go (allocation), their release, the runner's hosts, and
+health checks.
+
+Allocation happens only inside jobs.services.admit(), in its transaction: the instance rows are
+locked FOR UPDATE and the free slots are read from the SlotAllocation rows, so two admissions
+can never book the same slots. Slots are released in jobs.states.transition() when a job reaches
+a terminal state, whichever way it got there.
+"""
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from runners import ssh
+
+from .models import Instance, SlotAllocation
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    """Free slots of the healthy, enabled instances, locked for this admission pass."""
+
+    def __init__(self):
+        rows = list(Instance.objects.select_for_update().filter(enabled=True, healthy=True).order_by("name", "id"))
+        used = dict(SlotAllocation.objects.filter(instance__in=rows).values("instance")
+                    .annotate(n=Sum("slots")).values_list("instance", "n"))
+        self.instances = {i.pk: i for i in rows}
+        self.free = {i.pk: max(i.gpus - used.get(i.pk, 0), 0) for i in rows}
+
+    def capacity(self):
+        return sum(i.gpus for i in self.instances.values())
+
+    def place(self, gpus):
+        """[(instance, slots)] on as few instances as possible (the first runs horovodrun), or
+        None with the reason the job waits."""
+        free = {pk: n for pk, n in self.free.items() if n > 0}
+        if not self.instances:
+            return None, f"waiting for instances: needs {gpus} GPUs, no healthy enabled instance"
+        fits = [pk for pk, n in free.items() if n >= gpus]
+        if fits:
+            # Best fit: the instance with the fewest free slots that still holds the whole job.
+            best = min(fits, key=lambda pk: (free[pk], self.instances[pk].name))
+            return [(self.instances[best], gpus)], None
+        total = sum(free.values())
+        largest = max(free.values(), default=0)
+        if total < gpus:
+            return None, (f"waiting for instances: needs {gpus} GPUs, largest free block {largest} "
+                          f"({total} free on {len(free)} of {len(self.instances)} healthy instances)")
+        placement, left = [], gpus
+        for pk in sorted(free, key=lambda pk: (-free[pk], self.instances[pk].name)):
+            take = min(free[pk], left)
+            placement.append((self.instances[pk], take))
+            left -= take
+            if not left:
+                break
+        return placement, None
+
+    def allocate(self, job_id, placement):
+        SlotAllocation.objects.bulk_create([
+            SlotAllocation(job_id=job_id, instance=instance, slots=slots, position=position)
+            for position, (instance, slots) in enumerate(placement)
+        ])
+        for instance, slots in placement:
+            self.free[instance.pk] -= slots
+
+
+def capacity():
+    """GPUs of the healthy, enabled instances."""
+    return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
+
+
+def host_of(instance, slots=0):
+    return ssh.Host(
+        name=instance.name, address=instance.host, port=instance.port, user=instance.user,
+        private_key=instance.private_key(), host_key=instance.host_key, slots=slots, setup=instance.setup,
+        work_dir=instance.work_dir, peer_ssh_port=instance.peer_ssh_port, peer_ssh_key=instance.peer_ssh_key,
+        network_interface=instance.network_interface,
+    )
+
+
+def runner_for(job):
+    allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))
+    if not allocations:
+        raise ValueError(f"job {job.pk} holds no instance slots")
+    return ssh.SSHRunner(
+        [host_of(a.instance, a.slots) for a in allocations],
+        start_timeout=settings.RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS,
+        connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
+    )
+
+
+def remember_host_keys(runner):
+    """Store host keys a runner saw for the first time (trust on first use)."""
+    for name, key in getattr(runner, "learned_host_keys", {}).items():
+        Instance.objects.filter(name=name, host_key="").update(host_key=key)
+
+
+def after_launch(runner, error=None):
+    """Keep what a launch learned: new host keys; an instance it could not reach or use gets no
+    more jobs until a health check passes."""
+    remember_host_keys(runner)
+    if isinstance(error, ssh.InstanceError):
+        for host in runner.hosts:
+            if str(error).startswith(host.where()):
+                set_health(Instance.objects.get(name=host.name), False, str(error))
+
+
+def set_health(instance, healthy, reason, gpus_detected=None):
+    was = instance.healthy
+    Instance.objects.filter(pk=instance.pk).update(
+        healthy=healthy, health_reason=reason[:500], health_checked_at=timezone.now(),
+        gpus_detected=gpus_detected,
+    )
+    instance.healthy, instance.health_reason = healthy, reason[:500]
+    if healthy and not was:
+        from .tasks import dispatch
+
+        transaction.on_commit(lambda: dispatch.delay())
+
+
+def check(instance):
+    """Check one instance over SSH and record the result. Returns (healthy, reason)."""
+    try:
+        host = host_of(instance)
+    except Exception as exc:  # the key cannot be decrypted or read
+        set_health(instance, False, str(exc))
+        return False, str(exc)
+    try:
+        seen, gpus = ssh.check(host, timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS)
+    except ssh.InstanceError as exc:
+        set_health(instance, False, str(exc))
+        return False, str(exc)
+    if not instance.host_key:
+        Instance.objects.filter(pk=instance.pk, host_key="").update(host_key=seen)
+        instance.host_key = seen
+    if gpus is not None and gpus < instance.gpus:
+        reason = f"nvidia-smi shows {gpus} GPUs, the instance is set to offer {instance.gpus}"
+        set_health(instance, False, reason, gpus)
+        return False, reason
+    reason = "ok" + (f": {gpus} GPUs seen by nvidia-smi" if gpus is not None else ": no nvidia-smi (CPU slots)")
+    set_health(instance, True, reason, gpus)
+    return True, reason
+
+
+def check_all():
+    results = {}
+    for instance in Instance.objects.filter(enabled=True):
+        results[instance.name] = check(instance)
+    return results

@@ -1,0 +1,64 @@
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs import instances
+from jobs.models import Instance
+from runners import ssh
+
+
+class Command(BaseCommand):
+    help = ("Register a GPU instance for the `instances` backend (or update the one with this name). "
+            "The key file is read, encrypted with RINGMASTER_FERNET_KEYS and stored; then the instance "
+            "is checked over SSH and its host key recorded.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", required=True)
+        parser.add_argument("--host", required=True)
+        parser.add_argument("--port", type=int, default=22)
+        parser.add_argument("--user", required=True)
+        parser.add_argument("--key-file", required=True, help="the SSH private key (unencrypted)")
+        parser.add_argument("--gpus", type=int, required=True)
+        parser.add_argument("--labels", default="")
+        parser.add_argument("--setup", default="", help="a /bin/sh line run before horovodrun")
+        parser.add_argument("--work-dir", default=None)
+        parser.add_argument("--peer-ssh-port", type=int, default=None, help="horovodrun -p between instances")
+        parser.add_argument("--peer-ssh-key", default="", help="horovodrun -i: key path on the instance")
+        parser.add_argument("--network-interface", default="")
+        parser.add_argument("--disabled", action="store_true")
+        parser.add_argument("--no-check", action="store_true", help="do not connect now")
+
+    def handle(self, *args, **o):
+        if o["gpus"] < 1:
+            raise CommandError("--gpus must be at least 1")
+        try:
+            key = Path(o["key_file"]).read_text()
+        except OSError as exc:
+            raise CommandError(f"cannot read the key file: {exc.strerror}") from None
+        try:
+            ssh.load_private_key(key)
+        except ssh.InstanceError as exc:
+            raise CommandError(str(exc)) from None
+        instance = Instance.objects.filter(name=o["name"]).first() or Instance(name=o["name"])
+        if instance.pk and (instance.host, instance.port) != (o["host"], o["port"]):
+            instance.host_key = ""
+        instance.host, instance.port, instance.user, instance.gpus = o["host"], o["port"], o["user"], o["gpus"]
+        instance.labels, instance.setup, instance.enabled = o["labels"], o["setup"], not o["disabled"]
+        if o["work_dir"]:
+            instance.work_dir = o["work_dir"]
+        instance.peer_ssh_port, instance.peer_ssh_key = o["peer_ssh_port"], o["peer_ssh_key"]
+        instance.network_interface = o["network_interface"]
+        try:
+            instance.set_private_key(key)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
+        instance.healthy, instance.health_reason = False, "not checked yet"
+        instance.save()
+        self.stdout.write(f"instance {instance.name} saved")
+        if not o["no_check"]:
+            ok, reason = instances.check(instance)
+            instance.refresh_from_db()
+            self.stdout.write(f"health: {'healthy' if ok else 'UNHEALTHY'}: {reason}")
+            if instance.host_key:
+                self.stdout.write(f"host key: {ssh.host_key_fingerprint(instance.host_key)}")

@@ -1,0 +1,476 @@
+"""horovodrun on interactive GPU instances, reached over SSH (paramiko).
+
+A job gets slots on one or more instances (hosts). On every host the runner makes the job
+directory <work_dir>/rm-job-<id>/ and puts the script (and ringmaster_metrics.py) there: Gloo
+runs every rank in the launcher's working directory, so the path must be the same everywhere.
+On the first host it starts
+
+    horovodrun --gloo -np N -H h1:s1,h2:s2 [-p P -i KEY] [--network-interface IF]
+               --disable-cache --start-timeout T <python> <script> <args>
+
+detached from the SSH session (its own session and process group, `setsid`), with its output
+appended to `output.log` in the job directory and its exit code written to `exit_code` by the
+same wrapper as the local runner. A Celery worker or portal restart therefore leaves training
+alone; the next follower re-reads `output.log` from the byte offset the database kept.
+
+Safety:
+- Every remote word is quoted with shlex.quote; nothing a user typed reaches a shell unquoted.
+- Only the variables the job asked for (plus the job markers) are set; paramiko forwards none of
+  the worker's own environment.
+- The portal verifies each instance's host key: the key recorded when the instance was added or
+  first checked (trust on first use), and a connection to a host that shows another key is
+  refused.
+
+This module never imports Django: it gets a JobSpec and plain Host records.
+"""
+import io
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from .base import EXIT_CODE_WRAPPER, JOB_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
+
+JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
+READ_CHUNK = 1 << 20
+# A second marker that is unique per instance work directory: cancel kills what carries it, so
+# jobs of another portal (or another runner) with the same id on the same machine are safe.
+DIR_MARKER = "RINGMASTER_JOB_DIR"
+MIN_FREE_KB = 10 * 1024
+NO_HOST_KEY = object()
+
+
+class InstanceError(Exception):
+    """Something about an instance a user or admin can act on (unreachable, disk full...)."""
+
+
+class HostKeyMismatch(InstanceError):
+    pass
+
+
+@dataclass(frozen=True)
+class Host:
+    """One instance and the slots a job has on it."""
+
+    name: str                     # the admin's name for it (messages)
+    address: str                  # host name or IP: the portal connects there, horovodrun -H uses it
+    port: int
+    user: str
+    private_key: str              # PEM / OpenSSH text (decrypted only in memory)
+    host_key: str = ""            # "<type> <base64>" recorded on first use; "" = not yet known
+    slots: int = 0
+    setup: str = ""               # a shell line run before horovodrun (e.g. `. /opt/venv/bin/activate`)
+    work_dir: str = ".ringmaster/jobs"
+    peer_ssh_port: int | None = None      # horovodrun -p: how this host reaches the others
+    peer_ssh_key: str = ""                # horovodrun -i: a key file on this host
+    network_interface: str = ""           # horovodrun --network-interface
+
+    def where(self):
+        return f"instance {self.name} ({self.user}@{self.address}:{self.port})"
+
+    def job_dir(self, spec):
+        return f"{self.work_dir.rstrip('/')}/{spec.name}"
+
+    def __repr__(self):  # never show the key
+        return f"Host({self.name!r}, {self.address}:{self.port}, slots={self.slots})"
+
+
+def load_private_key(text):
+    """A paramiko key from its text (OpenSSH or PEM; Ed25519, ECDSA or RSA)."""
+    errors = []
+    for kind in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            return kind.from_private_key(io.StringIO(text))
+        except (paramiko.SSHException, ValueError, TypeError) as exc:
+            errors.append(type(exc).__name__)
+    raise InstanceError("the SSH private key cannot be read (an unencrypted Ed25519, ECDSA or RSA key is needed)")
+
+
+def host_key_line(key):
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def host_key_fingerprint(line):
+    """SHA256:... of a "<type> <base64>" host key, as ssh-keygen -l shows it."""
+    import base64
+    import hashlib
+
+    blob = base64.b64decode(line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+class _Record(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: accept the key of a host we have no key for, and remember it."""
+
+    def __init__(self):
+        self.seen = None
+
+    def missing_host_key(self, client, hostname, key):
+        self.seen = key
+
+
+def connect(host, timeout=10.0):
+    """An SSHClient logged in to `host`, and the host key line it showed.
+
+    Fails fast (`timeout` for the TCP connect, the banner and the authentication) with a message
+    that names the instance and what went wrong.
+    """
+    client = paramiko.SSHClient()
+    known = host.host_key.strip()
+    policy = _Record()
+    if known:
+        kind, blob = known.split()[:2]
+        key = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob))
+        name = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+        client.get_host_keys().add(name, kind, key)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    else:
+        client.set_missing_host_key_policy(policy)
+    try:
+        client.connect(host.address, port=host.port, username=host.user, pkey=load_private_key(host.private_key),
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+                       allow_agent=False, look_for_keys=False)
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise HostKeyMismatch(
+            f"{host.where()}: the host key changed (expected {host_key_fingerprint(known)}, got "
+            f"{host_key_fingerprint(host_key_line(exc.key))}); refusing to connect. If the host was "
+            f"reinstalled, clear the instance's host key in the admin.") from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise InstanceError(f"{host.where()}: SSH login refused: {exc}") from None
+    except (socket.timeout, TimeoutError):
+        client.close()
+        raise InstanceError(f"{host.where()}: cannot reach the host: timed out after {timeout:.0f} s") from None
+    except (OSError, paramiko.SSHException) as exc:
+        client.close()
+        message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise InstanceError(f"{host.where()}: cannot reach the host: {message}") from None
+    seen = client.get_transport().get_remote_server_key()
+    return client, host_key_line(seen)
+
+
+def execute(client, command, stdin=None, timeout=60.0):
+    """Run `command` (a shell string, already quoted) on the host; (exit code, stdout, stderr)."""
+    chan = client.get_transport().open_session(timeout=timeout)
+    chan.settimeout(timeout)
+    chan.exec_command(command)
+    if stdin is not None:
+        chan.sendall(stdin)
+    chan.shutdown_write()
+    out, err = bytearray(), bytearray()
+
+    def drain(read, into):
+        while True:
+            data = read(65536)
+            if not data:
+                return
+            into.extend(data)
+
+    reader = threading.Thread(target=drain, args=(chan.recv_stderr, err), daemon=True)
+    reader.start()
+    drain(chan.recv, out)
+    reader.join(timeout)
+    code = chan.recv_exit_status()
+    chan.close()
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def sh(script, *args):
+    """A command line for the remote login shell that runs `script` in /bin/sh with `args` as
+    $1.. : the login shell parses only quoted words, whatever kind of shell it is."""
+    return " ".join(shlex.quote(word) for word in ("/bin/sh", "-c", script, "ringmaster", *args))
+
+
+# Make the job directory and refuse when the disk is (nearly) full. $1 dir, $2 min free KiB.
+PREPARE = r"""
+mkdir -p -- "$1" || exit 3
+cd -- "$1" || exit 3
+free=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ -n "$free" ] && [ "$free" -lt "$2" ]; then
+    echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 28
+fi
+pwd
+"""
+# Write stdin to file $2 in directory $1, atomically.
+UPLOAD = r"""
+cd -- "$1" || exit 3
+cat > ".$2.tmp" && mv -f -- ".$2.tmp" "$2"
+"""
+# Start horovodrun once. $1 dir, $2 setup line, then `env NAME=value...` and horovodrun's argv.
+# `mkdir launched` is atomic: a retried launch finds it and only reports the pid.
+LAUNCH = r"""
+cd -- "$1" || exit 3
+setup=$2
+shift 2
+if ! mkdir launched 2>/dev/null; then
+    echo "already $(cat pid 2>/dev/null)"; exit 0
+fi
+if [ -n "$setup" ]; then
+    eval "$setup" >> output.log 2>&1 </dev/null || {
+        echo "the instance's setup line failed (exit $?)" >> output.log
+        echo 1 > exit_code; echo "setup-failed"; exit 0; }
+fi
+""" + DIR_MARKER + r"""=$(pwd); export """ + DIR_MARKER + r"""
+setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
+echo "$!" > pid.tmp && mv pid.tmp pid
+echo "started $!"
+"""
+# Is the launcher alive? $1 dir. Prints exit code if written, else alive/gone.
+STATUS = r"""
+cd -- "$1" 2>/dev/null || { echo missing; exit 0; }
+if [ -f exit_code ]; then echo "exit $(cat exit_code)"; exit 0; fi
+if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then echo alive; else echo gone; fi
+"""
+# Stop every process of the job on this host: the launcher's process group, then everything
+# that carries the job-directory marker; TERM, a grace period, then KILL. $1 dir, $2 grace s.
+CANCEL = r"""
+cd -- "$1" 2>/dev/null || exit 0
+d=$(pwd)
+marked() {
+    for p in /proc/[0-9]*; do
+        tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF "RINGMASTER_JOB_DIR=$d" && echo "${p#/proc/}"
+    done
+}
+[ -f pid ] && kill -TERM -- "-$(cat pid)" 2>/dev/null
+left=$(marked); [ -n "$left" ] && kill -TERM $left 2>/dev/null
+i=0
+while [ -n "$(marked)" ] && [ "$i" -lt "$(( $2 * 5 ))" ]; do sleep 0.2; i=$((i + 1)); done
+i=0
+while left=$(marked); [ -n "$left" ] && [ "$i" -lt 50 ]; do
+    [ -f pid ] && kill -KILL -- "-$(cat pid)" 2>/dev/null
+    kill -KILL $left 2>/dev/null; sleep 0.2; i=$((i + 1))
+done
+[ -z "$(marked)" ] || { echo "processes survived SIGKILL: $(marked)" >&2; exit 1; }
+"""
+
+
+def check(host, timeout=10.0):
+    """A health check: (host key line, GPUs nvidia-smi shows or None). Raises InstanceError.
+
+    Reachable, logged in, `horovodrun --check-build` runs (after the setup line), and the GPU
+    count where nvidia-smi exists.
+    """
+    client, seen = connect(host, timeout)
+    try:
+        script = 'eval "$1" >/dev/null 2>&1 </dev/null || { echo "the setup line failed" >&2; exit 90; }\n' \
+                 'horovodrun --check-build 2>&1 || exit 91\n' \
+                 'if command -v nvidia-smi >/dev/null 2>&1; then\n' \
+                 '  echo "GPUS $(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c .)"\nfi\n'
+        code, out, err = execute(client, sh(script, host.setup or ":"), timeout=max(timeout, 60))
+    finally:
+        client.close()
+    if code != 0:
+        detail = (err or out).strip().splitlines()[-1:] or [f"exit code {code}"]
+        what = "horovodrun --check-build failed" if code != 90 else "the setup line failed"
+        if "not found" in (err + out) and code != 90:
+            what = "horovodrun is not on the PATH of the login shell (or the setup line)"
+        raise InstanceError(f"{host.where()}: {what}: {detail[0]}")
+    gpus = None
+    for line in out.splitlines():
+        if line.startswith("GPUS "):
+            gpus = int(line.split()[1])
+    return seen, gpus
+
+
+class SSHRunner(Runner):
+    """Runs a job on `hosts` (the first one runs horovodrun). Records host keys it learns in
+    `learned_host_keys` ({instance name: key line}) for the caller to store."""
+
+    name = "instances"
+
+    def __init__(self, hosts, start_timeout=60, poll_interval=0.2, connect_timeout=10.0, kill_grace=10,
+                 lost_after=300.0):
+        if not hosts:
+            raise ValueError("an SSH job needs at least one host")
+        self.hosts = list(hosts)
+        self.start_timeout = start_timeout
+        self.poll_interval = poll_interval
+        self.connect_timeout = connect_timeout
+        self.kill_grace = kill_grace
+        self.lost_after = lost_after
+        self.learned_host_keys = {}
+
+    @property
+    def first(self):
+        return self.hosts[0]
+
+    def _connect(self, host):
+        client, seen = connect(host, self.connect_timeout)
+        if not host.host_key:
+            self.learned_host_keys[host.name] = seen
+        return client
+
+    def host_list(self, spec):
+        if len(self.hosts) == 1:
+            # One host: horovodrun starts every rank locally, no SSH between hosts needed.
+            return f"localhost:{spec.gpus}"
+        return ",".join(f"{h.address}:{h.slots}" for h in self.hosts)
+
+    def command(self, spec):
+        extra = []
+        first = self.first
+        if len(self.hosts) > 1:
+            if first.peer_ssh_port:
+                extra += ["-p", str(first.peer_ssh_port)]
+            if first.peer_ssh_key:
+                extra += ["-i", first.peer_ssh_key]
+        if first.network_interface:
+            extra += ["--network-interface", first.network_interface]
+        return horovodrun_argv(["horovodrun"], spec, self.host_list(spec), self.start_timeout, extra)
+
+    def environment(self, spec):
+        """What the job's processes get on top of the instance's own login environment."""
+        env = dict(spec.env)
+        env.update({"PYTHONUNBUFFERED": "1", JOB_MARKER: str(spec.job_id)})
+        return env
+
+    def _prepare(self, host, spec):
+        client = self._connect(host)
+        try:
+            directory = host.job_dir(spec)
+            code, out, err = execute(client, sh(PREPARE, directory, str(MIN_FREE_KB)))
+            if code != 0:
+                raise InstanceError(f"{host.where()}: cannot make the job directory {directory}: "
+                                    f"{(err or out).strip() or f'exit code {code}'}")
+            files = {"ringmaster_metrics.py": (JOB_PYTHON / "ringmaster_metrics.py").read_bytes()}
+            if spec.script_content is not None:
+                files[spec.script_name] = spec.script_content.encode()
+            for name, content in files.items():
+                code, out, err = execute(client, sh(UPLOAD, directory, name), stdin=content)
+                if code != 0:
+                    raise InstanceError(f"{host.where()}: cannot write {name} into {directory}: "
+                                        f"{(err or out).strip() or f'exit code {code}'}")
+        finally:
+            client.close()
+
+    def launch(self, spec):
+        for host in self.hosts:
+            self._prepare(host, spec)
+        client = self._connect(self.first)
+        try:
+            env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
+            code, out, err = execute(client, sh(LAUNCH, self.first.job_dir(spec), self.first.setup,
+                                                *env_words, *self.command(spec)))
+        finally:
+            client.close()
+        if code != 0:
+            raise InstanceError(f"{self.first.where()}: cannot start horovodrun: "
+                                f"{(err or out).strip() or f'exit code {code}'}")
+        status = out.strip().splitlines()[-1] if out.strip() else ""
+        placement = self.host_list(spec)
+        if status.startswith("already"):
+            return Started(f"horovodrun already started on {self.first.name} (pid {status.split()[-1]})", True)
+        if status == "setup-failed":
+            return Started(f"the setup line of {self.first.name} failed (see the log)")
+        names = ", ".join(f"{h.name}:{h.slots}" for h in self.hosts)
+        return Started(f"horovodrun started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
+                       f"processes on {names} (-H {placement})")
+
+    def follow(self, spec, offset, should_stop=lambda: False):
+        """Tail output.log on the first host from `offset` (SFTP reads), then Exited."""
+        host = self.first
+        path = f"{host.job_dir(spec)}/output.log"
+        client = sftp = handle = None
+        trouble_since = None
+        next_status = 0.0
+        try:
+            while not should_stop():
+                try:
+                    if client is None:
+                        client = self._connect(host)
+                        sftp = client.open_sftp()
+                        sftp.get_channel().settimeout(max(self.connect_timeout, 30))
+                    if handle is None:
+                        try:
+                            handle = sftp.open(path, "rb")
+                        except FileNotFoundError:
+                            code, out, _ = execute(client, sh(STATUS, host.job_dir(spec)))
+                            if out.strip() in ("missing", "gone"):
+                                yield Exited(None, f"the job was never started on {host.name}")
+                                return
+                            yield Waiting()
+                            time.sleep(self.poll_interval)
+                            continue
+                    handle.seek(offset)
+                    data = handle.read(READ_CHUNK)
+                    trouble_since = None
+                    if data:
+                        yield Output(data, offset)
+                        offset += len(data)
+                        continue
+                    now = time.monotonic()
+                    if now < next_status:
+                        yield Waiting()
+                        time.sleep(self.poll_interval)
+                        continue
+                    next_status = now + 1.0
+                    code, out, _ = execute(client, sh(STATUS, host.job_dir(spec)))
+                    status = out.strip()
+                    if status == "alive":
+                        yield Waiting()
+                        time.sleep(self.poll_interval)
+                        continue
+                    # Ended: the exit code is written after the last output, so drain once more.
+                    handle.seek(offset)
+                    rest = handle.read(READ_CHUNK)
+                    if rest:
+                        yield Output(rest, offset)
+                        offset += len(rest)
+                        continue
+                    if status.startswith("exit "):
+                        code = int(status.split()[1])
+                        yield Exited(code, f"horovodrun exited with code {code}")
+                    else:
+                        yield Exited(None, f"horovodrun stopped on {host.name} without reporting an exit code")
+                    return
+                except (InstanceError, OSError, EOFError, paramiko.SSHException) as exc:
+                    # The connection dropped or the host is away: keep trying for a while.
+                    for closable in (handle, sftp, client):
+                        try:
+                            closable and closable.close()
+                        except Exception:
+                            pass
+                    client = sftp = handle = None
+                    now = time.monotonic()
+                    trouble_since = trouble_since or now
+                    if now - trouble_since > self.lost_after:
+                        yield Exited(None, f"lost contact with {host.name} for {self.lost_after:.0f} s: {exc}")
+                        return
+                    yield Waiting()
+                    time.sleep(min(2.0, self.poll_interval * 10))
+        finally:
+            for closable in (handle, sftp, client):
+                try:
+                    closable and closable.close()
+                except Exception:
+                    pass
+
+    def cancel(self, spec):
+        """Kill the job's processes on every host (process group, then the marker), in parallel."""
+        errors = []
+
+        def stop(host):
+            try:
+                client = self._connect(host)
+                try:
+                    code, out, err = execute(client, sh(CANCEL, host.job_dir(spec), str(self.kill_grace)),
+                                             timeout=self.kill_grace + 60)
+                finally:
+                    client.close()
+                if code != 0:
+                    errors.append(f"{host.where()}: {(err or out).strip()}")
+            except InstanceError as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=stop, args=(host,)) for host in self.hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise InstanceError("; ".join(errors))
