@@ -148,7 +148,9 @@ def connect(host, timeout=10.0):
         raise InstanceError(f"{host.where()}: cannot reach the host: timed out after {timeout:.0f} s") from None
     except (OSError, paramiko.SSHException) as exc:
         client.close()
-        message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        # paramiko wraps the socket errors of each address it tried: show the first one's words.
+        inner = next(iter(getattr(exc, "errors", {}).values()), exc)
+        message = inner.strerror if isinstance(inner, OSError) and inner.strerror else str(exc) or type(exc).__name__
         raise InstanceError(f"{host.where()}: cannot reach the host: {message}") from None
     seen = client.get_transport().get_remote_server_key()
     return client, host_key_line(seen)

@@ -1,0 +1,279 @@
+"""The `instances` backend end to end with real parts: two real OpenSSH servers on 127.0.0.2 and
+127.0.0.3 (generated host and user keys), horovodrun over SSH, a real Celery worker, PostgreSQL,
+jobs submitted over HTTP to uvicorn."""
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+from django.core.management import call_command
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from jobs import services
+from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
+from runners import ssh as ssh_runner
+from tests import sshd
+from tests.conftest import job_processes, wait_for
+from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)"),
+]
+ENDED = {State.SUCCEEDED, State.FAILED, State.CANCELLED}
+
+
+@pytest.fixture(scope="session")
+def sshds(tmp_path_factory):
+    """Two sshd on one free port, on 127.0.0.2 and 127.0.0.3, trusting one generated user key."""
+    directory = tmp_path_factory.mktemp("sshd")
+    user_key = sshd.keygen(directory / "user_key")
+    port = sshd.free_port_on(["127.0.0.2", "127.0.0.3"])
+    servers = [sshd.Sshd(directory, address, port, f"{user_key}.pub").start() for address in ("127.0.0.2", "127.0.0.3")]
+    work_dir = tmp_path_factory.mktemp("instance-work")
+    yield {"servers": servers, "port": port, "key": user_key, "work_dir": work_dir}
+    for server in servers:
+        server.stop()
+
+
+def add_instance(sshds, name, address, gpus, check=False, **extra):
+    """Register an instance with the management command (the key file is read and encrypted)."""
+    argv = ["add_instance", "--name", name, "--host", address, "--port", str(sshds["port"]), "--user", "root",
+            "--key-file", str(sshds["key"]), "--gpus", str(gpus), "--work-dir", str(sshds["work_dir"]),
+            "--peer-ssh-port", str(sshds["port"]), "--peer-ssh-key", str(sshds["key"]),
+            "--network-interface", "lo"]
+    for option, value in extra.items():
+        argv += [f"--{option.replace('_', '-')}", str(value)]
+    if not check:
+        argv.append("--no-check")
+    call_command(*argv)
+    instance = Instance.objects.get(name=name)
+    if not check:
+        # `horovodrun --check-build` takes many seconds on a loaded machine: the health check is
+        # tested once (test_add_instance_...); other tests mark their instances healthy.
+        Instance.objects.filter(pk=instance.pk).update(healthy=True, health_reason="ok (test)")
+        instance.refresh_from_db()
+    return instance
+
+
+@pytest.fixture
+def http(live_portal, celery_worker, image, make_user):
+    user = make_user("alice")
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
+    session.base = live_portal
+    return session
+
+
+def submit(http, **fields):
+    response = http.post(f"{http.base}/api/jobs/", json={"image": "horovod-cpu", "backend": "instances", **fields})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def running_event(job_id):
+    return JobEvent.objects.filter(job_id=job_id, state=State.RUNNING).values_list("message", flat=True).first()
+
+
+def assert_complete(job_id, count):
+    lines = stored_lines(job_id)
+    assert [line.seq for line in lines] == list(range(len(lines)))
+    for rank in (0, 1):
+        texts = [l.text for l in lines if l.rank == rank and "line=" in l.text]
+        assert texts == [f"rank={rank} line={i}" for i in range(count)]
+
+
+def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_host_key(sshds, db, capsys):
+    instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2, check=True)
+    out = capsys.readouterr().out
+
+    assert instance.healthy, instance.health_reason
+    assert "no nvidia-smi" in instance.health_reason and instance.health_checked_at
+    assert instance.host_key == sshds["servers"][0].host_key_line()             # trusted on first use
+    assert "SHA256:" in out and "PRIVATE KEY" not in out
+    key = sshds["key"].read_text()
+    assert "PRIVATE KEY" not in instance.private_key_encrypted and instance.private_key() == key
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM jobs_instance")
+        assert "PRIVATE KEY" not in repr(cursor.fetchall())
+
+
+def test_a_changed_host_key_is_refused(sshds, db):
+    instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    other = sshds["servers"][1].host_key_line()                                # the key of another host
+    Instance.objects.filter(pk=instance.pk).update(host_key=other)
+    instance.refresh_from_db()
+    from jobs import instances
+
+    ok, reason = instances.check(instance)
+    assert not ok and "host key changed" in reason and "refusing" in reason
+    assert not Instance.objects.get(pk=instance.pk).healthy
+
+
+def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
+    add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "20"])
+
+    job = wait_state(job_id, ENDED, timeout=240)
+    assert job.state == State.SUCCEEDED, job.reason
+    assert job.exit_code == 0
+    assert "gpu-a" in running_event(job_id) and "-H localhost:2" in running_event(job_id)
+    assert_complete(job_id, 20)
+    assert not SlotAllocation.objects.exists()                                  # released at the end
+    assert (sshds["work_dir"] / f"rm-job-{job_id}" / "exit_code").read_text().strip() == "0"
+
+
+def test_two_instances_share_one_two_host_job(http, sshds):
+    add_instance(sshds, "gpu-a", "127.0.0.2", 1)
+    add_instance(sshds, "gpu-b", "127.0.0.3", 1)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "10"])
+
+    wait_for(lambda: SlotAllocation.objects.filter(job_id=job_id).count() == 2 or
+             Job.objects.get(pk=job_id).is_terminal, timeout=60, message="two instances allocated")
+    job = wait_state(job_id, ENDED, timeout=240)
+    assert job.state == State.SUCCEEDED, job.reason
+    assert "-H 127.0.0.2:1,127.0.0.3:1" in running_event(job_id)
+    assert_complete(job_id, 10)
+
+
+def test_worker_killed_mid_job_keeps_the_job_and_its_log_complete(http, sshds, celery_worker):
+    add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "100", "--interval", "0.1"])
+    wait_for(lambda: stored_lines(job_id) and any(l.text == "rank=0 line=10" for l in stored_lines(job_id)),
+             timeout=240, interval=0.3, message="the job to be running")
+
+    celery_worker.kill(signal.SIGKILL)
+    assert Job.objects.get(pk=job_id).state == State.RUNNING
+    assert job_processes(job_id), "training must survive the worker"
+    celery_worker.start()
+
+    job = wait_state(job_id, ENDED, timeout=240)
+    assert job.state == State.SUCCEEDED, job.reason
+    assert_complete(job_id, 100)
+
+
+def test_cancel_kills_every_process_on_every_host_and_frees_the_slots(http, sshds):
+    add_instance(sshds, "gpu-a", "127.0.0.2", 1)
+    add_instance(sshds, "gpu-b", "127.0.0.3", 1)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "100000", "--interval", "0.05"])
+    wait_for(lambda: any(l.text.startswith("rank=1 line=") for l in stored_lines(job_id)),
+             timeout=240, interval=0.3, message="rank 1 to print")
+    assert len(job_processes(job_id)) >= 3
+
+    assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
+    job = wait_state(job_id, ENDED, timeout=120)
+    assert job.state == State.CANCELLED
+    assert job_processes(job_id) == []
+    assert not SlotAllocation.objects.exists()
+
+
+def test_unreachable_instance_fails_the_job_quickly_with_the_reason(http, sshds):
+    with socket.socket() as sock:                       # a port where nothing listens
+        sock.bind(("127.0.0.2", 0))
+        dead_port = sock.getsockname()[1]
+    add_instance(sshds, "gone", "127.0.0.2", 2)
+    Instance.objects.filter(name="gone").update(port=dead_port)
+    started = time.monotonic()
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
+
+    job = wait_state(job_id, ENDED, timeout=30)
+    assert time.monotonic() - started < 30
+    assert job.state == State.FAILED
+    assert f"instance gone (root@127.0.0.2:{dead_port}): cannot reach the host: Connection refused" in job.reason
+    gone = Instance.objects.get(name="gone")
+    assert not gone.healthy and "Connection refused" in gone.health_reason  # no more jobs go there
+    assert not SlotAllocation.objects.exists()
+
+
+def test_a_job_that_does_not_fit_waits_with_the_reason(http, sshds):
+    add_instance(sshds, "gpu-a", "127.0.0.2", 1)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
+    job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).reason.startswith("waiting for instances") and j,
+                   timeout=60, message="the reason")
+    assert job.state == State.QUEUED
+    assert job.reason.startswith("waiting for instances: needs 2 GPUs, largest free block 1")
+    http.post(f"{http.base}/api/jobs/{job_id}/cancel/")
+
+
+def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, db, image, make_user):
+    """Eight admissions at once over four queued 2-GPU jobs and 2 free slots: one job gets them."""
+    user = make_user("bob")
+    add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    with socket.socket() as sock:     # launches fail at once: this test is about admission only
+        sock.bind(("127.0.0.2", 0))
+        Instance.objects.update(port=sock.getsockname()[1])
+    jobs = [Job.objects.create(owner=user, image=image, gpus=2, script_path="x.py", backend="instances",
+                               time_limit_minutes=5, reason="waiting for the scheduler") for _ in range(4)]
+    admitted, errors, barrier = [], [], threading.Barrier(8)
+
+    def race():
+        try:
+            barrier.wait()
+            admitted.extend(services.admit())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(admitted) == 1
+    allocations = list(SlotAllocation.objects.values_list("job_id", "slots"))
+    assert allocations in ([(admitted[0], 2)], [])                    # [] if it already ended
+    waiting = Job.objects.filter(pk__in=[j.pk for j in jobs], state=State.QUEUED)
+    assert waiting.count() == 3
+    assert all("largest free block 0" in j.reason or "behind" in j.reason for j in waiting)
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(cancel_requested=True)
+
+
+SHOW = """
+import json, os, sys
+print("ARGV " + json.dumps(sys.argv[1:]))
+print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_FERNET_KEYS", "RINGMASTER_JOB_ID")}))
+"""
+
+
+def test_user_words_reach_the_script_literally_over_ssh_and_secrets_do_not(sshds, monkeypatch, tmp_path):
+    import sys
+
+    from runners.base import Exited, JobSpec, Output
+    from runners.output import OutputSplitter
+
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
+    monkeypatch.setenv("SECRET_KEY", "do-not-leak")
+    words = ["$(touch pwned)", "; touch pwned2", "`id`", "a b", "'q'", '"dq"', "--x=$HOME", "*", "\\n"]
+    host = ssh_runner.Host(name="a", address="127.0.0.2", port=sshds["port"], user="root",
+                           private_key=sshds["key"].read_text(), slots=2, work_dir=str(tmp_path))
+    spec = JobSpec(job_id=525252, gpus=2, python=sys.executable, script_name="show.py", script_content=SHOW,
+                   script_path=None, args=tuple(words), env={"LR": "0.5 $(id)"})
+    runner = ssh_runner.SSHRunner([host])
+    runner.launch(spec)
+    splitter, lines, exited = OutputSplitter(), [], None
+    for event in runner.follow(spec, 0):
+        if isinstance(event, Output):
+            lines.extend(splitter.feed(event.data))
+        elif isinstance(event, Exited):
+            exited = event
+            break
+    lines += splitter.finish()
+    assert exited.code == 0
+    import json
+
+    for rank in (0, 1):
+        texts = [l.text for l in lines if l.rank == rank]
+        argv = json.loads(next(t for t in texts if t.startswith("ARGV "))[5:])
+        env = json.loads(next(t for t in texts if t.startswith("ENV "))[4:])
+        assert argv == words
+        assert env == {"LR": "0.5 $(id)", "DATABASE_URL": None, "SECRET_KEY": None, "RINGMASTER_FERNET_KEYS": None,
+                       "RINGMASTER_JOB_ID": "525252"}
+    assert not list(tmp_path.rglob("pwned*"))
+    assert "a" in runner.learned_host_keys                                    # trust on first use
