@@ -207,6 +207,7 @@ cat > ".$2.tmp" && mv -f -- ".$2.tmp" "$2"
 # `mkdir launched` is atomic: a retried launch finds it and only reports the pid.
 LAUNCH = r"""
 cd -- "$1" || exit 3
+dir=$(pwd)
 setup=$2
 shift 2
 if ! mkdir launched 2>/dev/null; then
@@ -216,6 +217,7 @@ if [ -n "$setup" ]; then
     eval "$setup" >> output.log 2>&1 </dev/null || {
         echo "the instance's setup line failed (exit $?)" >> output.log
         echo 1 > exit_code; echo "setup-failed"; exit 0; }
+    cd -- "$dir" || exit 3      # whatever directory the setup line went to
 fi
 """ + DIR_MARKER + r"""=$(pwd); export """ + DIR_MARKER + r"""
 setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
@@ -259,17 +261,25 @@ def check(host, timeout=10.0):
     """
     client, seen = connect(host, timeout)
     try:
-        script = 'eval "$1" >/dev/null 2>&1 </dev/null || { echo "the setup line failed" >&2; exit 90; }\n' \
+        script = 'mkdir -p -- "$2" && cd -- "$2" || exit 92\n' \
+                 'd=$(pwd)\n' \
+                 'eval "$1" >/dev/null 2>&1 </dev/null || { echo "the setup line failed" >&2; exit 90; }\n' \
+                 'cd -- "$d" || exit 92\n' \
+                 'free=$(df -Pk . | awk \'NR==2 {print $4}\')\n' \
+                 'if [ -n "$free" ] && [ "$free" -lt "$3" ]; then\n' \
+                 '  echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 93\nfi\n' \
                  'horovodrun --check-build 2>&1 || exit 91\n' \
                  'if command -v nvidia-smi >/dev/null 2>&1; then\n' \
                  '  echo "GPUS $(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c .)"\nfi\n'
-        code, out, err = execute(client, sh(script, host.setup or ":"), timeout=max(timeout, 60))
+        code, out, err = execute(client, sh(script, host.setup or ":", host.work_dir, str(MIN_FREE_KB)),
+                                 timeout=max(timeout, 90))
     finally:
         client.close()
     if code != 0:
         detail = (err or out).strip().splitlines()[-1:] or [f"exit code {code}"]
-        what = "horovodrun --check-build failed" if code != 90 else "the setup line failed"
-        if "not found" in (err + out) and code != 90:
+        what = {90: "the setup line failed", 92: f"cannot make the work directory {host.work_dir}",
+                93: "no room for jobs"}.get(code, "horovodrun --check-build failed")
+        if "not found" in (err + out) and code == 91:
             what = "horovodrun is not on the PATH of the login shell (or the setup line)"
         raise InstanceError(f"{host.where()}: {what}: {detail[0]}")
     gpus = None

@@ -238,11 +238,11 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, db, image, ma
 SHOW = """
 import json, os, sys
 print("ARGV " + json.dumps(sys.argv[1:]))
-print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_FERNET_KEYS", "RINGMASTER_JOB_ID")}))
+print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_FERNET_KEYS", "RINGMASTER_JOB_ID", "FROM_SETUP")}))
 """
 
 
-def test_user_words_reach_the_script_literally_over_ssh_and_secrets_do_not(sshds, monkeypatch, tmp_path):
+def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup_runs(sshds, monkeypatch, tmp_path):
     import sys
 
     from runners.base import Exited, JobSpec, Output
@@ -251,8 +251,11 @@ def test_user_words_reach_the_script_literally_over_ssh_and_secrets_do_not(sshds
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
     monkeypatch.setenv("SECRET_KEY", "do-not-leak")
     words = ["$(touch pwned)", "; touch pwned2", "`id`", "a b", "'q'", '"dq"', "--x=$HOME", "*", "\\n"]
+    setup = tmp_path / "env.sh"                  # the instance's setup line: sourced, may cd away
+    setup.write_text("FROM_SETUP=yes; export FROM_SETUP; cd /\n")
     host = ssh_runner.Host(name="a", address="127.0.0.2", port=sshds["port"], user="root",
-                           private_key=sshds["key"].read_text(), slots=2, work_dir=str(tmp_path))
+                           private_key=sshds["key"].read_text(), slots=2, work_dir=str(tmp_path / "work"),
+                           setup=f". {setup}")
     spec = JobSpec(job_id=525252, gpus=2, python=sys.executable, script_name="show.py", script_content=SHOW,
                    script_path=None, args=tuple(words), env={"LR": "0.5 $(id)"})
     runner = ssh_runner.SSHRunner([host])
@@ -274,6 +277,6 @@ def test_user_words_reach_the_script_literally_over_ssh_and_secrets_do_not(sshds
         env = json.loads(next(t for t in texts if t.startswith("ENV "))[4:])
         assert argv == words
         assert env == {"LR": "0.5 $(id)", "DATABASE_URL": None, "SECRET_KEY": None, "RINGMASTER_FERNET_KEYS": None,
-                       "RINGMASTER_JOB_ID": "525252"}
+                       "RINGMASTER_JOB_ID": "525252", "FROM_SETUP": "yes"}
     assert not list(tmp_path.rglob("pwned*"))
     assert "a" in runner.learned_host_keys                                    # trust on first use
