@@ -231,7 +231,8 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, db, image, ma
     assert allocations in ([(admitted[0], 2)], [])                    # [] if it already ended
     waiting = Job.objects.filter(pk__in=[j.pk for j in jobs], state=State.QUEUED)
     assert waiting.count() == 3
-    assert all("largest free block 0" in j.reason or "behind" in j.reason for j in waiting)
+    # (A worker may already have failed the admitted job's launch and marked the instance down.)
+    assert all(j.reason.startswith(("waiting for instances: needs 2 GPUs", "waiting behind")) for j in waiting)
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(cancel_requested=True)
 
 
