@@ -234,6 +234,7 @@ def _write_reasons(reasons, old_reasons):
 _WAITS_FOR = {
     "waiting for quota": "quota", "waiting behind an earlier job for the quota": "quota",
     "waiting for capacity": "capacity", "waiting behind an earlier job for capacity": "capacity",
+    "waiting for instances": "capacity",
 }
 
 
