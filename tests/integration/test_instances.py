@@ -61,13 +61,25 @@ def add_instance(sshds, name, address, gpus, check=False, **extra):
     return instance
 
 
+def wait_worker_idle(worker):
+    """Every task the worker received has finished (so the test database can be flushed without
+    racing a dispatch the worker is still running)."""
+    def idle():
+        log = worker.output().rpartition("ready.")[2]     # tasks of a killed worker never finish
+        received = set(re.findall(r"\[([0-9a-f-]{36})\] received", log))
+        done = set(re.findall(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|failed)", log))
+        return received <= done
+    wait_for(idle, timeout=60, interval=0.3, message="the worker to finish its tasks")
+
+
 @pytest.fixture
 def http(live_portal, celery_worker, image, make_user):
     user = make_user("alice")
     session = requests.Session()
     session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
     session.base = live_portal
-    return session
+    yield session
+    wait_worker_idle(celery_worker)
 
 
 def submit(http, **fields):
@@ -200,7 +212,7 @@ def test_a_job_that_does_not_fit_waits_with_the_reason(http, sshds):
     http.post(f"{http.base}/api/jobs/{job_id}/cancel/")
 
 
-def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, db, image, make_user):
+def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, celery_worker, db, image, make_user):
     """Eight admissions at once over four queued 2-GPU jobs and 2 free slots: one job gets them."""
     user = make_user("bob")
     add_instance(sshds, "gpu-a", "127.0.0.2", 2)
@@ -234,6 +246,8 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, db, image, ma
     # (A worker may already have failed the admitted job's launch and marked the instance down.)
     assert all(j.reason.startswith(("waiting for instances: needs 2 GPUs", "waiting behind")) for j in waiting)
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(cancel_requested=True)
+    wait_for(lambda: Job.objects.get(pk=admitted[0]).is_terminal, timeout=60, message="the admitted launch to fail")
+    wait_worker_idle(celery_worker)
 
 
 SHOW = """
