@@ -33,13 +33,13 @@ from pathlib import Path
 
 import paramiko
 
-from .base import EXIT_CODE_WRAPPER, JOB_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
+from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
-# A second marker that is unique per instance work directory: cancel kills what carries it, so
+# The job-folder marker (unique per instance work directory): cancel kills what carries it, so
 # jobs of another portal (or another runner) with the same id on the same machine are safe.
-DIR_MARKER = "RINGMASTER_JOB_DIR"
+DIR_MARKER = JOB_DIR_MARKER
 MIN_FREE_KB = 10 * 1024
 NO_HOST_KEY = object()
 

@@ -17,7 +17,9 @@ from jobs import services
 from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
 from runners import ssh as ssh_runner
 from tests import sshd
-from tests.conftest import job_processes, wait_for
+import psutil
+
+from tests.conftest import wait_for
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -86,6 +88,19 @@ def submit(http, **fields):
     response = http.post(f"{http.base}/api/jobs/", json={"image": "horovod-cpu", "backend": "instances", **fields})
     assert response.status_code == 201, response.text
     return response.json()["id"]
+
+
+def job_processes(sshds, job_id):
+    """Live processes of job `job_id` on the instances (this machine): its job-folder marker."""
+    marker = str((sshds["work_dir"] / f"rm-job-{job_id}").resolve())
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get("RINGMASTER_JOB_DIR") == marker:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def running_event(job_id):
@@ -161,7 +176,7 @@ def test_worker_killed_mid_job_keeps_the_job_and_its_log_complete(http, sshds, c
 
     celery_worker.kill(signal.SIGKILL)
     assert Job.objects.get(pk=job_id).state == State.RUNNING
-    assert job_processes(job_id), "training must survive the worker"
+    assert job_processes(sshds, job_id), "training must survive the worker"
     celery_worker.start()
 
     job = wait_state(job_id, ENDED, timeout=240)
@@ -175,12 +190,12 @@ def test_cancel_kills_every_process_on_every_host_and_frees_the_slots(http, sshd
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "100000", "--interval", "0.05"])
     wait_for(lambda: any(l.text.startswith("rank=1 line=") for l in stored_lines(job_id)),
              timeout=240, interval=0.3, message="rank 1 to print")
-    assert len(job_processes(job_id)) >= 3
+    assert len(job_processes(sshds, job_id)) >= 3
 
     assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
     job = wait_state(job_id, ENDED, timeout=120)
     assert job.state == State.CANCELLED
-    assert job_processes(job_id) == []
+    assert job_processes(sshds, job_id) == []
     assert not SlotAllocation.objects.exists()
 
 
