@@ -115,7 +115,8 @@ def assert_complete(job_id, count):
         assert texts == [f"rank={rank} line={i}" for i in range(count)]
 
 
-def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_host_key(sshds, db, capsys):
+def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_host_key(sshds, celery_worker, db,
+                                                                                     capsys):
     instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2, check=True)
     out = capsys.readouterr().out
 
@@ -128,6 +129,7 @@ def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_hos
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM jobs_instance")
         assert "PRIVATE KEY" not in repr(cursor.fetchall())
+    wait_worker_idle(celery_worker)        # a newly healthy instance asks the scheduler to look
 
 
 def test_a_changed_host_key_is_refused(sshds, db):
