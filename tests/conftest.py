@@ -1,6 +1,7 @@
 """Shared fixtures. Integration tests run real parts: PostgreSQL, Redis, a Celery worker,
 uvicorn and horovodrun, as separate processes that see the test database."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,6 +180,46 @@ def restartable_portal(service_env, tmp_path):
     server = WebServer(service_env, tmp_path / "web.log").start()
     yield server
     server.stop()
+
+
+def wait_worker_idle(worker):
+    """Every task the worker received has finished (so the test database can be flushed without
+    racing a dispatch the worker is still running)."""
+    def idle():
+        log = worker.output().rpartition("ready.")[2]     # tasks of a killed worker never finish
+        received = set(re.findall(r"\[([0-9a-f-]{36})\] received", log))
+        done = set(re.findall(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|failed)", log))
+        return received <= done
+    wait_for(idle, timeout=60, interval=0.3, message="the worker to finish its tasks")
+
+
+@pytest.fixture
+def http(live_portal, celery_worker, image, make_user):
+    """A requests session of user alice, authenticated with an API token, against uvicorn."""
+    from rest_framework.authtoken.models import Token
+
+    user = make_user("alice")
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
+    session.base = live_portal
+    yield session
+    wait_worker_idle(celery_worker)
+
+
+def run_to_end(runner, spec):
+    """Launch a job with a runner and follow it to its end: (lines, the Exited event)."""
+    from runners.base import Exited, Output
+    from runners.output import OutputSplitter
+
+    runner.launch(spec)
+    splitter, lines, exited = OutputSplitter(), [], None
+    for event in runner.follow(spec, 0):
+        if isinstance(event, Output):
+            lines.extend(splitter.feed(event.data))
+        elif isinstance(event, Exited):
+            exited = event
+            break
+    return lines + splitter.finish(), exited
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Quotas, fair queueing and accounting: what admins set is what the scheduler does, and users
 can read why their job waits. Real PostgreSQL for the race; the rest runs on either database."""
 import threading
-import time
 from datetime import timedelta
 
 import pytest

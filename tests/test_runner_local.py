@@ -2,28 +2,15 @@
 import json
 import sys
 
-from runners.base import Exited, JobSpec, Output
+from runners.base import JobSpec, Output
 from runners.local import LocalRunner
-from runners.output import OutputSplitter
-from tests.conftest import wait_for
+from tests.conftest import run_to_end, wait_for
 
 SCRIPT = """
 import json, os, sys
 print("ARGV " + json.dumps(sys.argv[1:]))
 print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_JOB_ID")}))
 """
-
-
-def run_to_end(runner, spec):
-    runner.launch(spec)
-    splitter, chunks, exited = OutputSplitter(), [], None
-    for event in runner.follow(spec, 0):
-        if isinstance(event, Output):
-            chunks.extend(splitter.feed(event.data))
-        elif isinstance(event, Exited):
-            exited = event
-            break
-    return chunks + splitter.finish(), exited
 
 
 def test_user_words_reach_the_script_literally_and_secrets_do_not(tmp_path, monkeypatch):

@@ -1,17 +1,14 @@
 """The `instances` backend end to end with real parts: two real OpenSSH servers on 127.0.0.2 and
 127.0.0.3 (generated host and user keys), horovodrun over SSH, a real Celery worker, PostgreSQL,
 jobs submitted over HTTP to uvicorn."""
-import re
 import signal
 import socket
 import threading
 import time
 
 import pytest
-import requests
 from django.core.management import call_command
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from jobs import services
 from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
@@ -19,7 +16,7 @@ from runners import ssh as ssh_runner
 from tests import sshd
 import psutil
 
-from tests.conftest import wait_for
+from tests.conftest import run_to_end, wait_for, wait_worker_idle
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -61,27 +58,6 @@ def add_instance(sshds, name, address, gpus, check=False, **extra):
         Instance.objects.filter(pk=instance.pk).update(healthy=True, health_reason="ok (test)")
         instance.refresh_from_db()
     return instance
-
-
-def wait_worker_idle(worker):
-    """Every task the worker received has finished (so the test database can be flushed without
-    racing a dispatch the worker is still running)."""
-    def idle():
-        log = worker.output().rpartition("ready.")[2]     # tasks of a killed worker never finish
-        received = set(re.findall(r"\[([0-9a-f-]{36})\] received", log))
-        done = set(re.findall(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|failed)", log))
-        return received <= done
-    wait_for(idle, timeout=60, interval=0.3, message="the worker to finish its tasks")
-
-
-@pytest.fixture
-def http(live_portal, celery_worker, image, make_user):
-    user = make_user("alice")
-    session = requests.Session()
-    session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
-    session.base = live_portal
-    yield session
-    wait_worker_idle(celery_worker)
 
 
 def submit(http, **fields):
@@ -277,8 +253,7 @@ print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", 
 def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup_runs(sshds, monkeypatch, tmp_path):
     import sys
 
-    from runners.base import Exited, JobSpec, Output
-    from runners.output import OutputSplitter
+    from runners.base import JobSpec
 
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
     monkeypatch.setenv("SECRET_KEY", "do-not-leak")
@@ -291,15 +266,7 @@ def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup
     spec = JobSpec(job_id=525252, gpus=2, python=sys.executable, script_name="show.py", script_content=SHOW,
                    script_path=None, args=tuple(words), env={"LR": "0.5 $(id)"})
     runner = ssh_runner.SSHRunner([host])
-    runner.launch(spec)
-    splitter, lines, exited = OutputSplitter(), [], None
-    for event in runner.follow(spec, 0):
-        if isinstance(event, Output):
-            lines.extend(splitter.feed(event.data))
-        elif isinstance(event, Exited):
-            exited = event
-            break
-    lines += splitter.finish()
+    lines, exited = run_to_end(runner, spec)
     assert exited.code == 0
     import json
 

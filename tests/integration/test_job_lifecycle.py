@@ -4,8 +4,6 @@ import re
 import signal
 
 import pytest
-import requests
-from rest_framework.authtoken.models import Token
 
 from jobs.models import Job, LogLine, State
 from tests.conftest import FIXTURES, job_processes, wait_for
@@ -13,16 +11,6 @@ from tests.conftest import FIXTURES, job_processes, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 COUNT_LINES = (FIXTURES / "count_lines.py").read_bytes()
-
-
-@pytest.fixture
-def http(live_portal, celery_worker, image, make_user):
-    """A requests session of user alice, authenticated with an API token, against uvicorn."""
-    user = make_user("alice")
-    session = requests.Session()
-    session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
-    session.base = live_portal
-    return session
 
 
 def upload(http, content=COUNT_LINES, name="count_lines.py"):

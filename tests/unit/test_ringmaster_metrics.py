@@ -10,9 +10,10 @@ import torch
 
 import ringmaster_metrics
 from runners import output
-from runners.base import Exited, JobSpec, Output
+from runners.base import JobSpec
 from runners.local import JOB_PYTHON, LocalRunner
 from runners.output import Metric, OutputSplitter, extract_metrics
+from tests.conftest import run_to_end
 
 
 def logged(capsys, *args, **values):
@@ -94,16 +95,7 @@ print("PYTHONPATH " + os.environ["PYTHONPATH"])
 def test_a_local_job_imports_it_and_keeps_the_users_pythonpath(tmp_path):
     spec = JobSpec(job_id=424299, gpus=2, python=sys.executable, script_name="m.py", script_content=SCRIPT,
                    script_path=None, env={"PYTHONPATH": "/opt/mine"})
-    runner = LocalRunner(tmp_path)
-    runner.launch(spec)
-    splitter, lines, exited = OutputSplitter(), [], None
-    for event in runner.follow(spec, 0):
-        if isinstance(event, Output):
-            lines.extend(splitter.feed(event.data))
-        elif isinstance(event, Exited):
-            exited = event
-            break
-    lines += splitter.finish()
+    lines, exited = run_to_end(LocalRunner(tmp_path), spec)
     assert exited.code == 0, [l.text for l in lines]
     points = {l.rank: extract_metrics(l.text) for l in lines if l.text.startswith(ringmaster_metrics.MARKER)}
     assert points == {0: [Metric("rank_plus_one", 1.0, 0)], 1: [Metric("rank_plus_one", 2.0, 1)]}
