@@ -152,7 +152,7 @@ class WebServer(Service):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
-                                 "--port", str(self.port)], env, log_path)
+                                 "--port", str(self.port), "--timeout-graceful-shutdown", "10"], env, log_path)
 
     def up(self):
         try:
