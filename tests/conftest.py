@@ -206,6 +206,33 @@ def http(live_portal, celery_worker, image, make_user):
     wait_worker_idle(celery_worker)
 
 
+def admit_from_threads(count=8, join_timeout=60):
+    """Run jobs.services.admit() from `count` threads released at once: (admitted ids, errors)."""
+    import threading
+
+    from django.db import connection
+
+    from jobs import services
+
+    admitted, errors, barrier = [], [], threading.Barrier(count)
+
+    def admit():
+        try:
+            barrier.wait()
+            admitted.extend(services.admit())
+        except Exception as exc:  # pragma: no cover - reported to the caller
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=admit) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=join_timeout)
+    return admitted, errors
+
+
 def run_to_end(runner, spec):
     """Launch a job with a runner and follow it to its end: (lines, the Exited event)."""
     from runners.base import Exited, Output

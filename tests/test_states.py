@@ -1,11 +1,11 @@
 """The state machine is the only way a state changes; admission never exceeds capacity."""
-import threading
 
 import pytest
 from django.db import connection
 
 from jobs import services, states
 from jobs.models import Job, JobEvent, Script, State
+from tests.conftest import admit_from_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -67,22 +67,7 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     for _ in range(6):
         Job.objects.create(owner=owner, image=image, gpus=2, script=script, time_limit_minutes=5)
 
-    barrier, errors, admitted = threading.Barrier(8), [], []
-
-    def admit():
-        try:
-            barrier.wait()
-            admitted.extend(services.admit())
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=admit) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    admitted, errors = admit_from_threads(8)
     assert not errors
     jobs = list(Job.objects.order_by("created_at", "id"))
     assert sorted(admitted) == [jobs[0].pk, jobs[1].pk]                     # 2 x 2 GPUs = 4, oldest first

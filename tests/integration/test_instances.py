@@ -3,20 +3,18 @@
 jobs submitted over HTTP to uvicorn."""
 import signal
 import socket
-import threading
 import time
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from jobs import services
 from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
 from runners import ssh as ssh_runner
 from tests import sshd
 import psutil
 
-from tests.conftest import run_to_end, wait_for, wait_worker_idle
+from tests.conftest import admit_from_threads, run_to_end, wait_for, wait_worker_idle
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -214,22 +212,7 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, celery_worker
         Instance.objects.update(port=sock.getsockname()[1])
     jobs = [Job.objects.create(owner=user, image=image, gpus=2, script_path="x.py", backend="instances",
                                time_limit_minutes=5, reason="waiting for the scheduler") for _ in range(4)]
-    admitted, errors, barrier = [], [], threading.Barrier(8)
-
-    def race():
-        try:
-            barrier.wait()
-            admitted.extend(services.admit())
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=race) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    admitted, errors = admit_from_threads(8)
     assert not errors
     assert len(admitted) == 1
     allocations = list(SlotAllocation.objects.values_list("job_id", "slots"))
