@@ -8,7 +8,7 @@ from django.template.response import TemplateResponse
 
 from . import services
 from .forms import MAX_PRIORITY
-from .models import Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
+from .models import Cluster, Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
 
 
 @admin.register(Image)
@@ -225,4 +225,59 @@ class InstanceAdmin(admin.ModelAdmin):
         for instance in queryset:
             ok, reason = instances.check(instance)
             self.message_user(request, f"{instance.name}: {'healthy' if ok else 'unhealthy'}: {reason}",
+                              messages.SUCCESS if ok else messages.WARNING)
+
+
+class ClusterForm(forms.ModelForm):
+    """The kubeconfig is write-only, like an instance's key: stored encrypted, never shown."""
+
+    kubeconfig = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "autocomplete": "off"}), required=False, strip=False,
+        help_text="Paste a self-contained kubeconfig (certificates and token inline). Stored encrypted; "
+                  "never shown again. Leave empty to keep the stored one.",
+    )
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "enabled", "connection", "context", "namespace", "gpus_per_node", "node_selector",
+                  "tolerations", "priority_class", "kueue_queue", "launcher", "cpu_per_gpu", "memory_per_gpu_gib",
+                  "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds"]
+
+    def clean(self):
+        from .clusters import ClusterError, parse_kubeconfig
+
+        data = super().clean()
+        text = data.get("kubeconfig") or ""
+        if data.get("connection") != Cluster.Connection.KUBECONFIG:
+            self.instance.kubeconfig_encrypted = ""
+            return data
+        if not text.strip():
+            if not self.instance.kubeconfig_encrypted:
+                self.add_error("kubeconfig", "A kubeconfig is required for this connection.")
+            return data
+        try:
+            parse_kubeconfig(text, data.get("context", ""))
+            self.instance.set_kubeconfig(text)
+        except ClusterError as exc:
+            self.add_error("kubeconfig", str(exc))
+        except ImproperlyConfigured as exc:
+            self.add_error("kubeconfig", str(exc))
+        return data
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    form = ClusterForm
+    list_display = ["name", "connection", "namespace", "gpus_per_node", "kueue_queue", "enabled"]
+    list_filter = ["enabled", "connection"]
+    search_fields = ["name", "namespace"]
+    actions = ["check_now"]
+
+    @admin.action(description="Check now (list MPIJobs on the cluster)")
+    def check_now(self, request, queryset):
+        from . import clusters
+
+        for cluster in queryset:
+            ok, what = clusters.check(cluster)
+            self.message_user(request, f"{cluster.name}: {'ok' if ok else 'failed'}: {what}",
                               messages.SUCCESS if ok else messages.WARNING)

@@ -14,6 +14,10 @@ def runner_for(job):
         from .instances import runner_for as instance_runner
 
         return instance_runner(job)
+    if job.backend == Backend.KUBERNETES:
+        from .clusters import runner_for as cluster_runner
+
+        return cluster_runner(job)
     raise ValueError(f"backend {job.backend!r} is not available")
 
 
@@ -28,6 +32,7 @@ def job_spec(job):
         args=tuple(job.args),
         env=dict(job.env),
         time_limit_seconds=job.time_limit_minutes * 60,
+        container_image=job.image.container_image,
     )
 
 

@@ -15,13 +15,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runners.base import Exited, Output
+from runners.base import Exited, Output, Running, Status
 from runners.output import OutputSplitter
 
 from . import states
 from .backends import after_launch, job_spec, runner_for
 from .logstore import append_output, last_lines
-from .models import ACTIVE_STATES, Job, State
+from .models import ACTIVE_STATES, Backend, Job, State
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2
@@ -83,7 +83,7 @@ def run(job_id):
 
 
 def _run(job_id, me):
-    job = Job.objects.select_related("image", "script").get(pk=job_id)
+    job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
     runner, spec = runner_for(job), job_spec(job)
     if job.state == State.LAUNCHING:
         if job.cancel_requested:
@@ -98,7 +98,11 @@ def _run(job_id, me):
             _after_end()
             return
         after_launch(job, runner)
-        states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
+        if runner.reports_running:
+            # The job runs when the runner says so (follow yields Running); until then, say what happened.
+            states.set_reason(job_id, started.detail)
+        else:
+            states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
     _follow(job_id, me, runner, spec)
 
 
@@ -113,13 +117,18 @@ def _follow(job_id, me, runner, spec):
     def should_stop():
         return lost
 
-    for event in runner.follow(spec, offset, should_stop):
+    for event in runner.follow(spec, offset, should_stop, cursor=job.follow_cursor or None):
         if isinstance(event, Output):
             lines = splitter.feed(event.data)
             end = event.offset + len(event.data)
-            if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me):
+            if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                 cursor=event.cursor):
                 lost = True
                 break
+        elif isinstance(event, Running):
+            states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=event.detail)
+        elif isinstance(event, Status):
+            states.set_reason(job_id, event.reason)
         elif isinstance(event, Exited):
             lines = splitter.finish()
             job = Job.objects.get(pk=job_id)
@@ -178,7 +187,7 @@ def _failure(job, exited):
     if exited.code is None:
         return {"reason": exited.detail or "the launcher disappeared"}
     tail = last_lines(job, rank=None, count=1)
-    reason = f"horovodrun exited with code {exited.code}" + (f": {tail[-1]}" if tail else "")
+    reason = (exited.detail or f"exited with code {exited.code}") + (f": {tail[-1]}" if tail else "")
     return {"exit_code": exited.code, "reason": reason[:500]}
 
 
@@ -191,7 +200,7 @@ def _after_end():
 
 def stop(job_id):
     """Stop every process of a job whose cancel was requested (the follower finishes it)."""
-    job = Job.objects.select_related("image", "script").get(pk=job_id)
+    job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
     if job.is_terminal or not job.cancel_requested:
         return
     if job.state == State.LAUNCHING and not job.follower:
@@ -226,7 +235,10 @@ def reconcile():
     timeout = settings.RINGMASTER_LAUNCH_TIMEOUT_SECONDS
     reattached = []
     for job in orphaned_jobs():
-        if job.state == State.LAUNCHING and _launching_since(job) < timezone.now() - timedelta(seconds=timeout):
+        # A Kubernetes job stays LAUNCHING while the cluster schedules it and pulls its image, and
+        # its launch is an idempotent create: re-attach to it rather than fail it.
+        if (job.state == State.LAUNCHING and job.backend != Backend.KUBERNETES
+                and _launching_since(job) < timezone.now() - timedelta(seconds=timeout)):
             states.transition(job.pk, State.FAILED, expect={State.LAUNCHING},
                               reason=f"the launch did not start within {timeout} s")
             continue

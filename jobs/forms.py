@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from . import quotas
-from .models import Backend, Image, Script
+from .models import Backend, Cluster, Image, Script
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARGS = 1000
@@ -22,7 +22,7 @@ MAX_ENV = 500
 MAX_PRIORITY = 1000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
-IMPLEMENTED_BACKENDS = {Backend.LOCAL, Backend.INSTANCES}
+IMPLEMENTED_BACKENDS = {Backend.LOCAL, Backend.INSTANCES, Backend.KUBERNETES}
 
 
 def _no_nul(value, what):
@@ -140,6 +140,8 @@ class JobForm(forms.Form):
     args = StringListField(required=False)
     env = StringMapField(required=False)
     backend = forms.ChoiceField(choices=Backend.choices, required=False)
+    cluster = forms.CharField(max_length=100, required=False,
+                              help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")
     time_limit_minutes = forms.IntegerField(required=False, min_value=1)
     group = forms.CharField(max_length=150, required=False,
                             help_text="The group (team) this job is charged to; empty: your default group.")
@@ -186,6 +188,39 @@ class JobForm(forms.Form):
             raise forms.ValidationError(f"The {backend} backend is not available on this portal yet.")
         return backend
 
+    def clean_cluster(self):
+        """An enabled cluster, by name or id; checked against the backend in clean()."""
+        value = (self.cleaned_data["cluster"] or "").strip()
+        if not value:
+            return None
+        query = Q(name=value) | (Q(pk=int(value)) if value.isdigit() else Q())
+        cluster = Cluster.objects.filter(query, enabled=True).first()
+        if cluster is None:
+            names = ", ".join(Cluster.objects.filter(enabled=True).values_list("name", flat=True))
+            raise forms.ValidationError(f"No enabled cluster {value!r}. Available: {names or 'none'}.")
+        return cluster
+
+    def _clean_kubernetes(self, data):
+        """The cluster a kubernetes job goes to, and what it needs there."""
+        from .clusters import ClusterError, default_cluster, namespace_for
+
+        if "cluster" in self.errors:
+            return
+        cluster = data.get("cluster") or default_cluster()
+        if cluster is None:
+            names = ", ".join(Cluster.objects.filter(enabled=True).values_list("name", flat=True))
+            self.add_error("cluster", f"Choose a cluster: {names}." if names else "No Kubernetes cluster is set up.")
+            return
+        data["cluster"] = cluster
+        image = data.get("image")
+        if image is not None and not image.container_image:
+            self.add_error("image", f"Image {image.name} has no container image, so it cannot run on Kubernetes.")
+        if "group" not in self.errors:
+            try:
+                namespace_for(cluster, data.get("group"))
+            except ClusterError as exc:
+                self.add_error("group", str(exc))
+
     def clean_group(self):
         """A group the user belongs to, by name; none given: the user's default group."""
         name = (self.cleaned_data["group"] or "").strip()
@@ -221,6 +256,10 @@ class JobForm(forms.Form):
             elif given == 0:
                 self.add_error("script", "Choose a script (upload one, pick one from the library) or give script_path.")
         backend, gpus = data.get("backend"), data.get("gpus")
+        if backend == Backend.KUBERNETES:
+            self._clean_kubernetes(data)
+        elif data.get("cluster") is not None:
+            self.add_error("cluster", "A cluster is only for the kubernetes backend.")
         if backend == Backend.LOCAL and gpus and gpus > settings.RINGMASTER_LOCAL_GPUS:
             self.add_error("gpus", f"This machine runs at most {settings.RINGMASTER_LOCAL_GPUS} processes per job.")
         elif backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
@@ -245,6 +284,7 @@ class JobForm(forms.Form):
             "args": data["args"],
             "env": data["env"],
             "backend": data["backend"],
+            "cluster": data.get("cluster") if data["backend"] == Backend.KUBERNETES else None,
             "time_limit_minutes": data["time_limit_minutes"],
             "charged_group": data.get("group"),      # absent on the page of a user in no group
             "priority": data.get("priority") or 0,   # absent on a non-staff user's page
@@ -293,7 +333,9 @@ class JobPageForm(JobForm):
     group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
 
     field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend",
-                   "time_limit_minutes", "group", "priority"]
+                   "cluster", "time_limit_minutes", "group", "priority"]
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.filter(enabled=True), required=False,
+                                     empty_label="—", help_text="For the Kubernetes backend.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -301,7 +343,11 @@ class JobPageForm(JobForm):
         self.fields["script"].choices = [("", "—")] + [
             (s.pk, f"{s.name}{'' if s.owner_id else ' (example)'}") for s in scripts
         ]
-        self.fields["backend"].choices = [(b.value, b.label) for b in Backend if b in IMPLEMENTED_BACKENDS]
+        has_clusters = self.fields["cluster"].queryset.exists()
+        self.fields["backend"].choices = [(b.value, b.label) for b in Backend if b in IMPLEMENTED_BACKENDS
+                                          and (b != Backend.KUBERNETES or has_clusters)]
+        if not has_clusters:
+            del self.fields["cluster"]
         self.fields["gpus"].help_text = (
             "On the local backend each GPU is one process; on a machine without GPUs they run on the CPU."
         )
@@ -320,6 +366,9 @@ class JobPageForm(JobForm):
 
     def clean_image(self):
         return ImageField().clean(self.cleaned_data["image"])
+
+    def clean_cluster(self):
+        return self.cleaned_data["cluster"]
 
     def _has_upload(self):
         return bool(self.files.get("script_file"))

@@ -33,8 +33,9 @@ def _copy_text(text):
             .replace(_NUL, _NUL_STANDIN))
 
 
-def append_output(job_id, lines, start, end, splitter_state, follower=None):
-    """Store `lines` (runners.output.Line) that came from output bytes [start, end).
+def append_output(job_id, lines, start, end, splitter_state, follower=None, cursor=None):
+    """Store `lines` (runners.output.Line) that came from output bytes [start, end), and the
+    runner's `cursor` at `end` if it keeps one.
 
     Returns False, storing nothing, if the stored output does not end at `start` or another
     follower holds the job; the caller should stop following.
@@ -65,8 +66,11 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None):
         job.output_offset = end
         job.output_state = splitter_state
         job.follower_heartbeat = now
-        job.save(update_fields=["next_seq", "output_offset", "output_state", "follower_heartbeat",
-                                "failed_rank", "exit_code"])
+        fields = ["next_seq", "output_offset", "output_state", "follower_heartbeat", "failed_rank", "exit_code"]
+        if cursor is not None:
+            job.follow_cursor = cursor
+            fields.append("follow_cursor")
+        job.save(update_fields=fields)
         if rows:
             transaction.on_commit(lambda: publish_lines(job_id, seq - 1))
     return True

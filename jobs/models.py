@@ -84,6 +84,8 @@ class Job(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     backend = models.CharField(max_length=20, choices=Backend.choices, default=Backend.LOCAL)
+    cluster = models.ForeignKey("Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
+                                help_text="Where a kubernetes job runs.")
     time_limit_minutes = models.PositiveIntegerField()
 
     # Scheduling: higher priority first, then earlier submission (jobs.services.admit). The job's
@@ -111,6 +113,8 @@ class Job(models.Model):
     next_seq = models.BigIntegerField(default=0)
     output_offset = models.BigIntegerField(default=0)
     output_state = models.JSONField(default=dict, blank=True)
+    follow_cursor = models.JSONField(default=dict, blank=True,
+                                     help_text="Where a runner that cannot seek by offset resumes (Kubernetes).")
     follower = models.CharField(max_length=200, blank=True)
     follower_heartbeat = models.DateTimeField(null=True, blank=True)
 
@@ -321,3 +325,69 @@ class SlotAllocation(models.Model):
     class Meta:
         ordering = ["job", "position"]
         constraints = [models.UniqueConstraint(fields=["job", "instance"], name="slots_once_per_job_instance")]
+
+
+class Cluster(models.Model):
+    """A Kubernetes cluster with the Kubeflow MPI operator, where `kubernetes` jobs run as MPIJobs.
+
+    The portal connects with its own service account (in-cluster) or with a kubeconfig, stored
+    encrypted (jobs.secrets) and never shown back. What the MPIJobs look like on it (namespace,
+    GPUs per node, placement, resources, run policy) is set here, per cluster.
+    """
+
+    class Connection(models.TextChoices):
+        KUBECONFIG = "kubeconfig", "A kubeconfig (stored encrypted)"
+        IN_CLUSTER = "in-cluster", "The portal's own service account (it runs in this cluster)"
+
+    class Launcher(models.TextChoices):
+        MPIRUN = "mpirun", "mpirun --tag-output (as mpi-operator's examples)"
+        HOROVODRUN = "horovodrun", "horovodrun"
+
+    class CleanPodPolicy(models.TextChoices):
+        RUNNING = "Running", "Running: delete the workers still running when the job ends"
+        ALL = "All", "All: delete every worker when the job ends"
+        NONE = "None", "None: keep the workers"
+
+    name = models.CharField(max_length=100, unique=True)
+    enabled = models.BooleanField(default=True)
+    connection = models.CharField(max_length=20, choices=Connection.choices, default=Connection.KUBECONFIG)
+    kubeconfig_encrypted = models.TextField(editable=False, blank=True)
+    context = models.CharField(max_length=200, blank=True, help_text="kubeconfig context; empty: its current one.")
+    namespace = models.CharField(
+        max_length=63, default="default",
+        help_text="Where MPIJobs go. {group} stands for the job's group (one namespace per group), "
+                  "e.g. team-{group}.")
+    gpus_per_node = models.PositiveIntegerField(verbose_name="GPUs per node", validators=[MinValueValidator(1)],
+                                                help_text="A job is split into workers of at most this many GPUs.")
+    node_selector = models.JSONField(default=dict, blank=True, help_text='For worker pods, e.g. {"gpu": "a100"}.')
+    tolerations = models.JSONField(default=list, blank=True,
+                                   help_text='For all pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists"}].')
+    priority_class = models.CharField(max_length=253, blank=True, help_text="priorityClassName of every pod.")
+    kueue_queue = models.CharField(max_length=63, blank=True, verbose_name="Kueue queue",
+                                   help_text="Sets the kueue.x-k8s.io/queue-name label: Kueue admits the jobs.")
+    launcher = models.CharField(max_length=20, choices=Launcher.choices, default=Launcher.MPIRUN)
+    cpu_per_gpu = models.FloatField(default=4, validators=[MinValueValidator(0.1)], verbose_name="CPUs per GPU")
+    memory_per_gpu_gib = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)],
+                                                     verbose_name="memory per GPU (GiB)")
+    clean_pod_policy = models.CharField(max_length=10, choices=CleanPodPolicy.choices, default=CleanPodPolicy.RUNNING)
+    backoff_limit = models.PositiveIntegerField(
+        default=0, help_text="Launcher retries after a failure (each retry is a new launcher pod).")
+    ttl_seconds_after_finished = models.PositiveIntegerField(default=3600)
+    image_pull_grace_seconds = models.PositiveIntegerField(
+        default=300, help_text="A job whose image cannot be pulled fails after this long.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def set_kubeconfig(self, text):
+        from .secrets import encrypt
+
+        self.kubeconfig_encrypted = encrypt(text)
+
+    def kubeconfig(self):
+        from .secrets import decrypt
+
+        return decrypt(self.kubeconfig_encrypted) if self.kubeconfig_encrypted else ""

@@ -29,6 +29,7 @@ class JobSerializer(serializers.ModelSerializer):
     image = serializers.CharField(source="image.name")
     script_name = serializers.CharField()
     group = serializers.CharField(source="charged_group.name", default=None, allow_null=True)
+    cluster = serializers.CharField(source="cluster.name", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
 
@@ -36,7 +37,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "name", "owner", "image", "gpus", "script", "script_name", "script_path", "args", "env",
-            "backend", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "backend", "cluster", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "url",
         ]
@@ -85,7 +86,7 @@ class JobCreateRequest(serializers.Serializer):
     args = serializers.ListField(child=serializers.CharField(), required=False)
     env = serializers.DictField(child=serializers.CharField(), required=False)
     backend = serializers.ChoiceField(choices=["local", "instances", "kubernetes"], required=False)
-    cluster = serializers.CharField(required=False)
+    cluster = serializers.CharField(required=False, help_text="Kubernetes backend: the cluster's name (default: the only one).")
     name = serializers.CharField(required=False)
     time_limit_minutes = serializers.IntegerField(required=False, min_value=1)
     group = serializers.CharField(required=False, help_text="Group to charge (one of yours); default: your default group.")

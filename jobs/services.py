@@ -18,7 +18,7 @@ class CannotCancel(Exception):
 
 def visible_jobs(user):
     """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
-    jobs = Job.objects.select_related("owner", "image", "script", "charged_group")
+    jobs = Job.objects.select_related("owner", "image", "script", "charged_group", "cluster")
     return jobs if user.is_staff else jobs.filter(owner=user)
 
 
@@ -46,6 +46,8 @@ def resubmit_data(job):
     }
     if job.charged_group_id:
         data["group"] = job.charged_group.name
+    if job.cluster_id:
+        data["cluster"] = job.cluster.name
     if job.script_id:
         data["script"] = job.script_id
     else:

@@ -6,6 +6,7 @@ urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/mpijob/", views.job_mpijob, name="job-mpijob"),
     path("jobs/<int:job_id>/log/", views.job_log_download, name="job-log-download"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/rerun/", views.job_rerun, name="job-rerun"),

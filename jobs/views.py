@@ -1,15 +1,18 @@
-"""The browser's pages: job list, job form, job detail, cancel and rerun."""
+"""The browser's pages: job list, job form, job detail (and its MPIJob), cancel and rerun."""
+import json
+
 from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from . import logquery, services
 from .services import visible_jobs
 from .forms import JobForm, JobPageForm
+from .models import Backend
 
 PAGE_SIZE = 25
 
@@ -52,6 +55,31 @@ def job_detail(request, job_id):
         "last_seq": job.next_seq - 1,
         "queue_position": services.queue_position(job),
     })
+
+
+@login_required
+def job_mpijob(request, job_id):
+    """The MPIJob a kubernetes job is (or would be) created as, for the owner and staff
+    (the same JSON as `manage.py render_mpijob`); ?format=json gives the bare document."""
+    from runners.mpijob import InvalidMPIJob, validate
+
+    from .clusters import ClusterError, render
+
+    job = get_object_or_404(visible_jobs(request.user).filter(backend=Backend.KUBERNETES, cluster__isnull=False),
+                            pk=job_id)
+    try:
+        document = render(job)
+    except ClusterError as exc:
+        return render(request, "jobs/mpijob.html", {"job": job, "problems": [str(exc)]}, status=409)
+    if request.GET.get("format") == "json":
+        return JsonResponse(document, json_dumps_params={"indent": 2})
+    try:
+        validate(document)
+        problems = []
+    except InvalidMPIJob as exc:
+        problems = exc.problems
+    return render(request, "jobs/mpijob.html", {
+        "job": job, "document": json.dumps(document, indent=2), "problems": problems})
 
 
 @login_required

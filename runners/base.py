@@ -21,6 +21,7 @@ class JobSpec:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     time_limit_seconds: int | None = None
+    container_image: str = ""        # the Kubernetes backend's image
 
     @property
     def name(self):
@@ -65,6 +66,19 @@ class Started:
 class Output:
     data: bytes
     offset: int          # byte offset of data[0] in the launcher's output
+    cursor: dict | None = None   # where a backend that cannot seek by offset resumes (stored with the data)
+
+
+@dataclass(frozen=True)
+class Running:
+    """The job runs (for runners whose launch returns before it does: reports_running)."""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Status:
+    """Something the user should know while the job waits or runs (e.g. why it is not scheduled)."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -80,16 +94,19 @@ class Exited:
 
 class Runner(ABC):
     name = "base"
+    # False: the job runs once launch() returns. True: follow() yields Running when it does.
+    reports_running = False
 
     @abstractmethod
     def launch(self, spec: JobSpec) -> Started:
         """Start the job unless it already started; never start it twice."""
 
     @abstractmethod
-    def follow(self, spec: JobSpec, offset: int, should_stop: Callable[[], bool] = lambda: False
-               ) -> Iterator[Output | Waiting | Exited]:
+    def follow(self, spec: JobSpec, offset: int, should_stop: Callable[[], bool] = lambda: False,
+               cursor: dict | None = None) -> Iterator[Output | Running | Status | Waiting | Exited]:
         """Yield the launcher's output from byte `offset` on, then Exited. Stops early if
-        should_stop() turns true (the caller lost its claim on the job)."""
+        should_stop() turns true (the caller lost its claim on the job). `cursor` is the last
+        Output's cursor that was stored, for runners that use one."""
 
     @abstractmethod
     def cancel(self, spec: JobSpec) -> None:

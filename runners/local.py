@@ -109,7 +109,7 @@ class LocalRunner(Runner):
         except (FileNotFoundError, ValueError):
             return None
 
-    def follow(self, spec, offset, should_stop=lambda: False):
+    def follow(self, spec, offset, should_stop=lambda: False, cursor=None):
         directory = self.job_dir(spec)
         log_path = directory / "output.log"
         while not log_path.exists():

@@ -116,7 +116,8 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
     ({"env": {"A": "x\x00"}}, "env", "NUL"),
     ({"env": {"RINGMASTER_JOB_ID": "7"}}, "env", "reserved"),
     ({"backend": "slurm"}, "backend", "not one of the available choices"),
-    ({"backend": "kubernetes"}, "backend", "not available"),
+    ({"backend": "kubernetes"}, "cluster", "No Kubernetes cluster is set up"),
+    ({"backend": "local", "cluster": "nowhere"}, "cluster", "No enabled cluster"),
     ({"time_limit_minutes": 0}, "time_limit_minutes", "greater than or equal to 1"),
 ])
 def test_bad_job_input_is_400_naming_the_field(client, image, script, change, field, message):

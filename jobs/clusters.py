@@ -1,0 +1,129 @@
+"""Kubernetes clusters: connecting to one, the namespace a job goes to, the MPIJob it becomes,
+and the runner that runs it there."""
+import re
+
+import yaml
+from django.conf import settings
+
+from runners import mpijob
+from runners.kubernetes import KubernetesRunner, Timings
+
+from .models import Cluster
+
+
+class ClusterError(ValueError):
+    pass
+
+
+def _dns_label(text):
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return label[:63].rstrip("-")
+
+
+def namespace_for(cluster, group):
+    """The cluster's namespace for a job charged to `group` (a Group or None)."""
+    if "{group}" not in cluster.namespace:
+        return cluster.namespace
+    if group is None:
+        raise ClusterError(f"cluster {cluster.name} runs each group's jobs in the group's own namespace "
+                           f"({cluster.namespace}): charge the job to a group")
+    namespace = _dns_label(cluster.namespace.replace("{group}", _dns_label(group.name)))
+    if not namespace or not namespace[0].isalpha():
+        raise ClusterError(f"group {group.name!r} gives no valid namespace from {cluster.namespace!r}")
+    return namespace
+
+
+def cluster_spec(cluster, group=None):
+    return mpijob.ClusterSpec(
+        namespace=namespace_for(cluster, group),
+        gpus_per_node=cluster.gpus_per_node,
+        node_selector=dict(cluster.node_selector or {}),
+        tolerations=tuple(cluster.tolerations or ()),
+        priority_class=cluster.priority_class,
+        kueue_queue=cluster.kueue_queue,
+        launcher=cluster.launcher,
+        cpu_per_gpu=cluster.cpu_per_gpu,
+        memory_per_gpu_gib=cluster.memory_per_gpu_gib,
+        clean_pod_policy=cluster.clean_pod_policy,
+        backoff_limit=cluster.backoff_limit,
+        ttl_seconds_after_finished=cluster.ttl_seconds_after_finished,
+    )
+
+
+def parse_kubeconfig(text, context=""):
+    """The kubeconfig as a mapping, or ClusterError saying what is wrong with it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ClusterError(f"the kubeconfig is not valid YAML: {exc}".splitlines()[0])
+    if not isinstance(data, dict) or not data.get("clusters") or not data.get("contexts"):
+        raise ClusterError("the kubeconfig has no clusters or contexts")
+    names = [c.get("name") for c in data["contexts"] if isinstance(c, dict)]
+    wanted = context or data.get("current-context")
+    if wanted not in names:
+        raise ClusterError(f"the kubeconfig has no context {wanted!r} (it has: {', '.join(map(str, names))})")
+    return data
+
+
+def api_client(cluster):
+    """A kubernetes ApiClient for the cluster (the kubeconfig is decrypted only in memory)."""
+    from kubernetes import client, config
+
+    if cluster.connection == Cluster.Connection.IN_CLUSTER:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    data = parse_kubeconfig(cluster.kubeconfig(), cluster.context)
+    return config.new_client_from_config_dict(data, context=cluster.context or None)
+
+
+def timings(cluster):
+    return Timings(
+        request_seconds=settings.RINGMASTER_KUBE_REQUEST_SECONDS,
+        poll_seconds=settings.RINGMASTER_KUBE_POLL_SECONDS,
+        image_pull_grace_seconds=cluster.image_pull_grace_seconds,
+    )
+
+
+def runner_for(job):
+    cluster = job.cluster
+    return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group), timings(cluster),
+                            cluster_name=cluster.name)
+
+
+def render(job):
+    """The MPIJob the backend would create for `job` (without talking to the cluster)."""
+    from .backends import job_spec
+
+    return mpijob.new_mpijob(job_spec(job), cluster_spec(job.cluster, job.charged_group))
+
+
+def default_cluster():
+    """The one enabled cluster, if there is exactly one."""
+    clusters = list(Cluster.objects.filter(enabled=True)[:2])
+    return clusters[0] if len(clusters) == 1 else None
+
+
+def check(cluster):
+    """(ok, what was found): can the portal reach the cluster and list MPIJobs there?"""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from runners.kubernetes import _message
+
+    try:
+        namespace = cluster.namespace.replace("{group}", "default") if "{group}" in cluster.namespace \
+            else cluster.namespace
+        api = client.CustomObjectsApi(api_client(cluster))
+        api.list_namespaced_custom_object(mpijob.GROUP, mpijob.VERSION, namespace, mpijob.PLURAL, limit=1,
+                                          _request_timeout=settings.RINGMASTER_KUBE_REQUEST_SECONDS)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False, ("the cluster does not serve MPIJobs (kubeflow.org/v2beta1): "
+                           "install mpi-operator v0.8 (deploy/KUBERNETES.md)")
+        return False, f"{exc.status}: {_message(exc)}"
+    except ClusterError as exc:
+        return False, str(exc)
+    except Exception as exc:
+        return False, _message(exc)
+    return True, f"reachable; MPIJobs can be listed in {namespace}"

@@ -1,0 +1,439 @@
+"""Jobs as Kubeflow MPIJobs (kubeflow.org/v2beta1), through the official kubernetes client.
+
+- launch: create the MPIJob named after the job (rm-job-<id>); a 409 adopts the one a previous
+  try created, so a retried task never makes a second job. 5xx answers and timeouts are
+  retried. Then the uploaded script's ConfigMap, owned by the MPIJob.
+- follow: three things at once. A watch on the MPIJob (resumed from its resourceVersion; a
+  410 Gone relists) gives its conditions; the launcher pod's log (`follow`, `timestamps`) gives
+  every rank's output; a poll of the pods and events gives trouble a user can act on. The log
+  position (kubestatus.LogCursor) is stored with every batch, so a cut stream or a new
+  follower resumes without losing or repeating a line, and a retried launcher (a new pod) is
+  read after the old one.
+- cancel: delete the MPIJob (foreground, so its pods go first) and the ConfigMap.
+"""
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from . import kubestatus, mpijob
+from .base import Exited, Output, Runner, Running, Started, Status, Waiting
+
+log = logging.getLogger(__name__)
+_TRANSIENT = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class Timings:
+    request_seconds: float = 10         # any single API call
+    create_attempts: int = 6            # creates retried on 5xx, 429 and timeouts
+    retry_seconds: float = 0.5          # first back-off (doubles)
+    watch_seconds: int = 30             # a watch request's server-side timeout
+    poll_seconds: float = 2             # pods and events
+    log_idle_seconds: float = 60        # a log stream silent this long is reopened
+    image_pull_grace_seconds: float = 300
+    drain_seconds: float = 30           # after the end: how long to wait for the log's last lines
+    cancel_seconds: float = 120         # cancel waits this long for the pods to go
+
+
+class KubernetesError(Exception):
+    pass
+
+
+def _transient(exc):
+    if isinstance(exc, ApiException):
+        return exc.status in (429, 500, 502, 503, 504) or exc.status == 0
+    return isinstance(exc, _TRANSIENT)
+
+
+def _message(exc):
+    if isinstance(exc, ApiException):
+        try:
+            return json.loads(exc.body).get("message") or exc.reason
+        except (TypeError, ValueError):
+            return f"{exc.status} {exc.reason}"
+    return str(exc) or type(exc).__name__
+
+
+class KubernetesRunner(Runner):
+    name = "kubernetes"
+    reports_running = True
+
+    def __init__(self, api_client, cluster, timings=Timings(), cluster_name=""):
+        self.api_client = api_client
+        self.cluster = cluster
+        self.timings = timings
+        self.cluster_name = cluster_name or "the cluster"
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    @property
+    def namespace(self):
+        return self.cluster.namespace
+
+    # --- launch ------------------------------------------------------------------------
+
+    def launch(self, spec):
+        body, configmap = mpijob.build(spec, self.cluster)
+        created, adopted = self._create_mpijob(spec, body)
+        if configmap is not None:
+            configmap = mpijob.new_script_configmap(spec, self.cluster, owner=created)
+            self._retrying(lambda: self._create_ignoring_conflict(
+                lambda: self.core.create_namespaced_config_map(
+                    self.namespace, configmap, _request_timeout=self.timings.request_seconds)))
+        where = f"{self.namespace}/{spec.name} on {self.cluster_name}"
+        return Started(detail=f"adopted the MPIJob {where}" if adopted else f"created the MPIJob {where}",
+                       already_running=adopted)
+
+    def _create_mpijob(self, spec, body):
+        """(the MPIJob, adopted?). A 409 means an earlier try created it: take that one, if it
+        is this job's."""
+        def create():
+            try:
+                return self.custom.create_namespaced_custom_object(
+                    mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, body,
+                    _request_timeout=self.timings.request_seconds), False
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = self._get_mpijob(spec)
+            if existing is None:
+                raise KubernetesError(f"MPIJob {spec.name} exists and vanished again; retrying")
+            job_id = existing.get("metadata", {}).get("labels", {}).get(mpijob.JOB_ID_LABEL)
+            if job_id != str(spec.job_id):
+                raise KubernetesError(f"an MPIJob named {spec.name} already exists in {self.namespace} "
+                                      "and was not created by this portal")
+            return existing, True
+        return self._retrying(create)
+
+    def _create_ignoring_conflict(self, create):
+        try:
+            return create()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def _retrying(self, call):
+        delay = self.timings.retry_seconds
+        for attempt in range(self.timings.create_attempts):
+            try:
+                return call()
+            except Exception as exc:
+                last = attempt == self.timings.create_attempts - 1
+                if last or not (_transient(exc) or isinstance(exc, KubernetesError) and "retrying" in str(exc)):
+                    if isinstance(exc, ApiException):
+                        raise KubernetesError(f"{self.cluster_name}: {_message(exc)}") from exc
+                    raise
+                log.warning("kubernetes call failed (%s), retrying in %.1f s", _message(exc), delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def _get_mpijob(self, spec):
+        try:
+            return self.custom.get_namespaced_custom_object(
+                mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, spec.name,
+                _request_timeout=self.timings.request_seconds)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- cancel ------------------------------------------------------------------------
+
+    def cancel(self, spec):
+        """Delete the MPIJob (its pods first) and the script's ConfigMap; return once the MPIJob
+        and its pods are gone (or after Timings.cancel_seconds)."""
+        options = client.V1DeleteOptions(propagation_policy="Foreground")
+        for delete in (
+            lambda: self.custom.delete_namespaced_custom_object(
+                mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, spec.name, body=options,
+                _request_timeout=self.timings.request_seconds),
+            lambda: self.core.delete_namespaced_config_map(
+                mpijob.script_configmap_name(spec), self.namespace, _request_timeout=self.timings.request_seconds),
+        ):
+            try:
+                self._retrying(delete)
+            except KubernetesError as exc:
+                if not isinstance(exc.__cause__, ApiException) or exc.__cause__.status != 404:
+                    raise
+        deadline = time.monotonic() + self.timings.cancel_seconds
+        while time.monotonic() < deadline:
+            if self._get_mpijob(spec) is None and not self._pods(spec):
+                return
+            time.sleep(min(self.timings.poll_seconds, 1))
+        log.warning("job %s: the MPIJob's pods were still there %s s after the delete",
+                    spec.job_id, self.timings.cancel_seconds)
+
+    # --- follow ------------------------------------------------------------------------
+
+    def _pods(self, spec, role=None):
+        selector = f"{mpijob.JOB_NAME_LABEL}={spec.name}"
+        if role:
+            selector += f",{mpijob.JOB_ROLE_LABEL}={role}"
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                             _request_timeout=self.timings.request_seconds)
+        return [self.api_client.sanitize_for_serialization(pod) for pod in pods.items]
+
+    def _events(self, spec):
+        events = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.kind={mpijob.KIND},involvedObject.name={spec.name}",
+            _request_timeout=self.timings.request_seconds)
+        return [self.api_client.sanitize_for_serialization(event) for event in events.items]
+
+    def follow(self, spec, offset, should_stop=lambda: False, cursor=None):
+        follower = _Follow(self, spec, offset, kubestatus.LogCursor.from_json(cursor))
+        try:
+            yield from follower.run(should_stop)
+        finally:
+            follower.stop.set()
+
+
+class _Follow:
+    """One follow of one MPIJob: the watch and the log reader run in threads and report to
+    `events`; run() (the caller's thread) decides what the job's state is."""
+
+    def __init__(self, runner, spec, offset, cursor):
+        self.runner, self.spec, self.offset = runner, spec, offset
+        self.timings = runner.timings
+        self.cursor = cursor
+        self.events = queue.Queue()
+        self.stop = threading.Event()
+        self.ended = threading.Event()       # the MPIJob finished or is gone: read the logs out
+        self.mpijob = None
+        self.deleted = False
+
+    def run(self, should_stop):
+        threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"k8s-{fn.__name__}")
+                   for fn in (self._watch, self._read_logs)]
+        for thread in threads:
+            thread.start()
+        running_told = False
+        told = ""
+        pull_since = None
+        next_poll = 0.0
+        ended_at = None
+        pods, notes, last_code = [], [], None
+        while not should_stop():
+            try:
+                kind, payload = self.events.get(timeout=1)
+            except queue.Empty:
+                kind, payload = "tick", None
+            if kind == "log":
+                data, cursor = payload
+                start = self.offset
+                self.offset += len(data)
+                yield Output(data, start, cursor)
+                continue
+            if kind == "error":
+                raise payload
+            if kind == "mpijob":
+                self.mpijob = payload
+            elif kind == "deleted":
+                self.deleted = True
+                self.ended.set()
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + self.timings.poll_seconds
+                try:
+                    pods = self.runner._pods(self.spec)
+                    events = self.runner._events(self.spec) if not running_told else []
+                except Exception as exc:
+                    if not _transient(exc):
+                        raise
+                    log.warning("job %s: polling pods failed: %s", self.spec.job_id, _message(exc))
+                    events = []
+                rejected = kubestatus.validation_error(events)
+                if rejected:
+                    self.runner.cancel(self.spec)
+                    yield Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500])
+                    return
+                trouble = kubestatus.pod_trouble(pods)
+                for note in trouble.notes:
+                    if note not in notes:
+                        notes.append(note)
+                launchers = kubestatus.launcher_pods(pods)
+                if launchers and kubestatus.exit_code(launchers[-1]) is not None:
+                    last_code = kubestatus.exit_code(launchers[-1])
+                if trouble.pull_error:
+                    pull_since = pull_since or now
+                    if now - pull_since >= self.timings.image_pull_grace_seconds and not running_told:
+                        self.runner.cancel(self.spec)
+                        yield Exited(None, f"image pull failed for {self.timings.image_pull_grace_seconds:.0f} s: "
+                                           f"{trouble.pull_error}"[:500])
+                        return
+                else:
+                    pull_since = None
+                reason = trouble.waiting if not running_told else "; ".join(notes)
+                if reason != told and (reason or told):
+                    told = reason
+                    yield Status(reason[:500])
+            if not running_told and kubestatus.is_running(self.mpijob):
+                running_told = True
+                told = ""
+                workers = sum(1 for p in pods if p.get("metadata", {}).get("labels", {}).get(
+                    mpijob.JOB_ROLE_LABEL) == "worker")
+                yield Running(f"MPIJob running ({workers or 'all'} workers)")
+            end = kubestatus.outcome(self.mpijob)
+            if end is not None or self.deleted:
+                self.ended.set()
+                ended_at = ended_at or now
+                drained = kind == "drained"
+                if drained or now - ended_at > self.timings.drain_seconds:
+                    yield from self._exit(end, notes, last_code, drained)
+                    return
+            yield Waiting()
+
+    def _exit(self, end, notes, code, drained):
+        if end is None:
+            yield Exited(None, "the MPIJob was deleted outside Ringmaster")
+            return
+        detail = end.detail
+        if notes:
+            detail += " (" + "; ".join(notes) + ")"
+        if not drained:
+            detail += " (the launcher's log may be incomplete)"
+        if end.succeeded:
+            yield Exited(0, detail[:500])
+        else:
+            yield Exited(code if code not in (None, 0) else None, detail[:500])
+
+    def _guard(self, body):
+        try:
+            body()
+        except Exception as exc:   # reaches the follower, which fails or re-attaches
+            if not self.stop.is_set():
+                log.exception("job %s: %s stopped", self.spec.job_id, body.__name__)
+                self.events.put(("error", exc))
+
+    # --- the MPIJob's conditions -------------------------------------------------------
+
+    def _list(self):
+        result = self.runner.custom.list_namespaced_custom_object(
+            mpijob.GROUP, mpijob.VERSION, self.runner.namespace, mpijob.PLURAL,
+            field_selector=f"metadata.name={self.spec.name}", _request_timeout=self.timings.request_seconds)
+        items = result.get("items", [])
+        if items:
+            self.events.put(("mpijob", items[0]))
+        else:
+            self.events.put(("deleted", None))
+        return result["metadata"]["resourceVersion"], bool(items)
+
+    def _watch(self):
+        version, exists = None, False
+        delay = self.timings.retry_seconds
+        while not self.stop.is_set():
+            try:
+                if version is None:
+                    version, exists = self._list()
+                    if not exists:
+                        return
+                stream = watch.Watch().stream(
+                    self.runner.custom.list_namespaced_custom_object, mpijob.GROUP, mpijob.VERSION,
+                    self.runner.namespace, mpijob.PLURAL, field_selector=f"metadata.name={self.spec.name}",
+                    resource_version=version, timeout_seconds=self.timings.watch_seconds,
+                    allow_watch_bookmarks=True, _request_timeout=self.timings.watch_seconds + 10)
+                for event in stream:
+                    obj = event["object"]
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event["type"] == "DELETED":
+                        self.events.put(("deleted", None))
+                        return
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.events.put(("mpijob", obj))
+                    if self.stop.is_set():
+                        return
+                delay = self.timings.retry_seconds
+            except ApiException as exc:
+                if exc.status == 410:          # our resourceVersion is too old: start over
+                    log.info("job %s: watch expired (410), relisting", self.spec.job_id)
+                    version = None
+                    continue
+                if not _transient(exc):
+                    raise
+                self.stop.wait(delay)
+                delay = min(delay * 2, 10)
+            except _TRANSIENT:
+                self.stop.wait(delay)
+                delay = min(delay * 2, 10)
+
+    # --- the launcher's log ------------------------------------------------------------
+
+    def _read_logs(self):
+        """Read each launcher pod's log to its end, oldest pod first, resuming at the cursor."""
+        cursor = self.cursor
+        while not self.stop.is_set():
+            if not cursor.pod:
+                pods = self.runner._pods(self.spec, role="launcher")
+                fresh = [p for p in kubestatus.launcher_pods(pods) if p["metadata"]["name"] not in cursor.done]
+                if not fresh:
+                    if self.ended.is_set():
+                        self.events.put(("drained", None))
+                        return
+                    self.stop.wait(self.timings.poll_seconds)
+                    continue
+                cursor.start(fresh[0]["metadata"]["name"])
+            state = self._read_pod_log(cursor)
+            if state == "done":
+                cursor.finish()
+                self.events.put(("log", (b"", cursor.to_json())))
+            elif state == "waiting":
+                self.stop.wait(self.timings.poll_seconds)
+
+    def _read_pod_log(self, cursor):
+        """Stream one pod's log from the cursor. Returns "done" (the pod finished and its log
+        was read to the end, or the pod is gone), "waiting" (not started yet) or "again"."""
+        reader = kubestatus.LogReader(cursor)
+        since = cursor.since_seconds(time.time())
+        try:
+            response = self.runner.core.read_namespaced_pod_log(
+                cursor.pod, self.runner.namespace, container=mpijob.LAUNCHER, follow=True, timestamps=True,
+                _preload_content=False, _request_timeout=(self.timings.request_seconds, self.timings.log_idle_seconds),
+                **({"since_seconds": since} if since else {}))
+        except ApiException as exc:
+            if exc.status == 404:
+                return "done"
+            if exc.status == 400:           # the container is not running yet
+                return "waiting"
+            if _transient(exc):
+                return "waiting"
+            raise
+        except _TRANSIENT:
+            return "waiting"
+        clean = False
+        try:
+            for chunk in response.stream(64 * 1024, decode_content=False):
+                data = reader.feed(chunk)
+                if data:
+                    self.events.put(("log", (data, cursor.to_json())))
+                if self.stop.is_set():
+                    return "again"
+            clean = True
+        except _TRANSIENT as exc:             # cut, or silent for too long: resume at the cursor
+            log.info("job %s: launcher log of %s interrupted (%s), resuming", self.spec.job_id, cursor.pod, exc)
+        finally:
+            response.release_conn()
+        pod = self._pod(cursor.pod)
+        if pod is None:
+            return "done"
+        if clean and kubestatus.is_finished(pod):
+            data = reader.finish()
+            if data:
+                self.events.put(("log", (data, cursor.to_json())))
+            return "done"
+        return "again"
+
+    def _pod(self, name):
+        try:
+            pod = self.runner.core.read_namespaced_pod(name, self.runner.namespace,
+                                                      _request_timeout=self.timings.request_seconds)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self.runner.api_client.sanitize_for_serialization(pod)

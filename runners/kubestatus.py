@@ -1,0 +1,235 @@
+"""Reading what a cluster says about an MPIJob: pure functions over the API's JSON (dicts).
+
+- conditions -> where the job is (created, running, succeeded, failed);
+- pods -> trouble a user can act on (not schedulable, image pull errors, OOMKilled, evicted);
+- the launcher's log lines (`timestamps=true`) -> a cursor that resumes a cut stream without
+  losing or repeating a line.
+"""
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+
+
+def condition(mpijob, kind):
+    """The condition `kind` of an MPIJob if its status is "True", else None."""
+    for cond in (mpijob or {}).get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    succeeded: bool
+    detail: str
+
+
+def outcome(mpijob):
+    """The MPIJob's end (Succeeded or Failed, with reason and message), or None while it runs."""
+    done = condition(mpijob, "Succeeded")
+    if done:
+        return Outcome(True, done.get("message") or "MPIJob succeeded")
+    failed = condition(mpijob, "Failed")
+    if failed:
+        reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
+        return Outcome(False, f"MPIJob failed: {reason}" + (f": {message}" if message else ""))
+    return None
+
+
+def is_running(mpijob):
+    return condition(mpijob, "Running") is not None
+
+
+def _role(pod):
+    return pod.get("metadata", {}).get("labels", {}).get("training.kubeflow.org/job-role", "")
+
+
+def _name(pod):
+    return pod.get("metadata", {}).get("name", "")
+
+
+def _statuses(pod):
+    status = pod.get("status", {}) or {}
+    return (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+
+
+def _memory_limit(pod, container):
+    for spec in pod.get("spec", {}).get("containers", []):
+        if spec.get("name") == container:
+            return spec.get("resources", {}).get("limits", {}).get("memory")
+    return None
+
+
+def launcher_pods(pods):
+    """Launcher pods, oldest first (a retried launcher is a new pod)."""
+    return sorted((p for p in pods if _role(p) == "launcher"),
+                  key=lambda p: (p.get("metadata", {}).get("creationTimestamp") or "", _name(p)))
+
+
+def exit_code(pod):
+    """The launcher container's exit code, if it terminated."""
+    for status in _statuses(pod):
+        terminated = (status.get("state") or {}).get("terminated")
+        if terminated and status.get("name") != "init":
+            return terminated.get("exitCode")
+    return None
+
+
+def is_finished(pod):
+    return (pod.get("status", {}) or {}).get("phase") in ("Succeeded", "Failed")
+
+
+@dataclass
+class Trouble:
+    """What the pods say now. `waiting`: why the job is not running yet; `notes`: things that
+    explain a failure (OOMKilled, evicted); `pull_error`: an image that cannot be pulled."""
+
+    waiting: str = ""
+    notes: list = field(default_factory=list)
+    pull_error: str = ""
+
+
+def pod_trouble(pods):
+    trouble = Trouble()
+    for pod in sorted(pods, key=_name):
+        status = pod.get("status", {}) or {}
+        name = _name(pod)
+        if status.get("reason") == "Evicted":
+            trouble.notes.append(f"pod {name} was evicted: {status.get('message', '')}".rstrip(": "))
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and not trouble.waiting:
+                if cond.get("reason") == "Unschedulable":
+                    trouble.waiting = f"not schedulable yet: {cond.get('message', '')}".rstrip(": ")
+        for cstatus in _statuses(pod):
+            state = cstatus.get("state") or {}
+            waiting, terminated = state.get("waiting"), state.get("terminated")
+            last = (cstatus.get("lastState") or {}).get("terminated")
+            if waiting and waiting.get("reason") in PULL_ERRORS:
+                image = cstatus.get("image") or ""
+                message = waiting.get("message") or waiting["reason"]
+                trouble.pull_error = trouble.pull_error or f"cannot pull image {image}: {message}".replace(" : ", ": ")
+            for term in (terminated, last):
+                if term and term.get("reason") == "OOMKilled":
+                    limit = _memory_limit(pod, cstatus.get("name"))
+                    note = f"{cstatus.get('name')} in pod {name} was OOMKilled" + (
+                        f" (memory limit {limit})" if limit else "")
+                    if note not in trouble.notes:
+                        trouble.notes.append(note)
+    if trouble.pull_error and not trouble.waiting:
+        trouble.waiting = f"waiting for the image: {trouble.pull_error}"
+    return trouble
+
+
+def validation_error(events):
+    """The operator's complaint about a spec it will not run (a `ValidationError` event)."""
+    for event in events:
+        if event.get("reason") == "ValidationError":
+            return event.get("message") or "ValidationError"
+    return None
+
+
+# --- The launcher's log, with timestamps -------------------------------------------------
+
+_TS = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)\Z")
+
+
+def parse_log_timestamp(raw):
+    """(seconds since the epoch, nanoseconds) of a kubelet timestamp such as
+    2026-11-23T13:39:08.123456789Z (RFC3339Nano, trailing zeros trimmed), or None."""
+    match = _TS.match(raw)
+    if not match:
+        return None
+    whole, fraction, zone = match.groups()
+    moment = datetime.fromisoformat(whole.decode() + ("+00:00" if zone == b"Z" else zone.decode()))
+    nanos = int((fraction or b"0").ljust(9, b"0"))
+    return int(moment.timestamp()), nanos
+
+
+@dataclass
+class LogCursor:
+    """Where the follower is in the launcher pods' logs: the pod being read, the timestamp of
+    the last line taken and how many lines carried exactly that timestamp, and the pods read to
+    the end. Stored with every batch of output, so a new follower resumes exactly there."""
+
+    pod: str = ""
+    ts: tuple | None = None
+    same: int = 0
+    done: list = field(default_factory=list)
+
+    def to_json(self):
+        return {"pod": self.pod, "ts": list(self.ts) if self.ts else None, "same": self.same, "done": list(self.done)}
+
+    @classmethod
+    def from_json(cls, data):
+        data = data or {}
+        ts = data.get("ts")
+        return cls(pod=data.get("pod", ""), ts=tuple(ts) if ts else None, same=data.get("same", 0),
+                   done=list(data.get("done", [])))
+
+    def start(self, pod):
+        self.pod, self.ts, self.same = pod, None, 0
+
+    def finish(self):
+        if self.pod and self.pod not in self.done:
+            self.done.append(self.pod)
+        self.pod, self.ts, self.same = "", None, 0
+
+    def since_seconds(self, now, margin=300):
+        """How far back to ask for lines when resuming: since the last line taken, plus a margin
+        for clocks that disagree (lines before the cursor are skipped anyway)."""
+        if not self.ts:
+            return None
+        return max(1, int(now - self.ts[0]) + margin)
+
+
+class LogReader:
+    """Turns a `timestamps=true` log stream into the launcher's output bytes, skipping lines the
+    cursor has already taken. Only whole lines are taken: a stream cut mid-line is resumed from
+    the start of that line."""
+
+    def __init__(self, cursor):
+        self.cursor = cursor
+        self.buffer = bytearray()
+        self._skipping_ts, self._seen_at_ts = cursor.ts, 0
+
+    def feed(self, data):
+        """Output bytes of the complete lines in `data` that the cursor has not taken yet."""
+        self.buffer += data
+        out = bytearray()
+        while True:
+            end = self.buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self.buffer[:end + 1])
+            del self.buffer[:end + 1]
+            out += self._take(line)
+        return bytes(out)
+
+    def finish(self):
+        """At the end of a finished container's log: a last line without a newline."""
+        if not self.buffer:
+            return b""
+        line = bytes(self.buffer) + b"\n"
+        self.buffer.clear()
+        return self._take(line)
+
+    def _take(self, line):
+        raw_ts, space, content = line.partition(b" ")
+        ts = parse_log_timestamp(raw_ts) if space else None
+        if ts is None:               # no timestamp: take it as it is
+            return line
+        if self._skipping_ts is not None:
+            if ts < self._skipping_ts:
+                return b""
+            if ts == self._skipping_ts:
+                self._seen_at_ts += 1
+                if self._seen_at_ts <= self.cursor.same:
+                    return b""
+            self._skipping_ts = None
+        if ts == self.cursor.ts:
+            self.cursor.same += 1
+        else:
+            self.cursor.ts, self.cursor.same = ts, 1
+        return content

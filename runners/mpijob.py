@@ -1,0 +1,293 @@
+"""The MPIJob (kubeflow.org/v2beta1) a job becomes: pure functions, one per object, in the
+manner of mpi-operator's controller (newLauncherPodTemplate, newWorker, newConfigMap).
+
+Read next to mpi-operator's examples (examples/v2beta1/horovod/*.yaml): GPUs go on workers only
+(`nvidia.com/gpu` limits), `slotsPerWorker` is the GPUs of one worker, `-np` is workers x slots.
+The ranks start on the workers under sshd and do not inherit the launcher container's
+environment, so every user variable is forwarded with `mpirun -x NAME`.
+
+The operator validates late (a bad spec only gets a `ValidationError` event and the job sits
+forever), so validate() checks every MPIJob against the CRD's own schema and the controller's
+rules before it is sent. Nothing here talks to a cluster or imports Django.
+"""
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+LAUNCHER, WORKER = "launcher", "worker"          # container names
+SCRIPT_DIR = "/ringmaster/script"                # where an uploaded script is mounted
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"   # set by the operator on every pod
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "ringmaster"}
+JOB_ID_LABEL = "ringmaster.io/job-id"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+LAUNCHERS = ("mpirun", "horovodrun")
+CRD_FILE = Path(__file__).with_name("schemas") / "mpijob-crd-v2beta1.yaml"
+MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses a ConfigMap over 1 MiB (with its metadata)
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What the builder needs to know about the cluster a job goes to (plain data)."""
+
+    namespace: str
+    gpus_per_node: int
+    node_selector: dict = field(default_factory=dict)
+    tolerations: tuple = ()
+    priority_class: str = ""
+    kueue_queue: str = ""
+    launcher: str = "mpirun"                 # or "horovodrun"
+    cpu_per_gpu: float = 4.0
+    memory_per_gpu_gib: int = 16
+    launcher_cpu: float = 1.0
+    launcher_memory_gib: int = 2
+    clean_pod_policy: str = "Running"
+    backoff_limit: int = 0
+    ttl_seconds_after_finished: int = 3600
+
+
+class InvalidMPIJob(ValueError):
+    """The MPIJob would be refused by the API server or ignored by the operator."""
+
+    def __init__(self, problems):
+        super().__init__("the MPIJob is not valid: " + "; ".join(problems))
+        self.problems = problems
+
+
+def split_gpus(gpus, gpus_per_node):
+    """(workers, slots per worker): as few equal workers as fit on nodes of `gpus_per_node`.
+
+    16 GPUs on 8-GPU nodes: 2 x 8; 12 on 8: 2 x 6; 4 on 8: 1 x 4. A count no split of at most
+    `gpus_per_node` divides evenly gets more, smaller workers (13 on 8: 13 x 1).
+    """
+    if gpus < 1 or gpus_per_node < 1:
+        raise ValueError("GPUs and GPUs per node must be at least 1")
+    workers = -(-gpus // gpus_per_node)
+    while gpus % workers:
+        workers += 1
+    return workers, gpus // workers
+
+
+def script_configmap_name(spec):
+    return f"{spec.name}-script"
+
+
+def script_path_in_pod(spec):
+    if spec.script_content is not None:
+        return f"{SCRIPT_DIR}/{spec.script_name}"
+    return spec.script_path
+
+
+def _quantity(value):
+    """A CPU count as Kubernetes writes it: 4 -> "4", 0.5 -> "500m"."""
+    millis = round(value * 1000)
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def forwarded_env(spec):
+    """The launcher's environment: the user's variables (and NCCL_DEBUG unless they set it)."""
+    env = {"NCCL_DEBUG": "WARN", **spec.env}
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def launcher_command(spec, cluster, np):
+    """argv of the launcher container: mpirun (or horovodrun) with every user variable
+    forwarded to the ranks. No shell: each word is one argument, whatever it contains."""
+    training = [spec.python, script_path_in_pod(spec), *spec.args]
+    if cluster.launcher == "horovodrun":
+        # horovodrun forwards the launcher's whole environment to the ranks itself.
+        return ["horovodrun", "-np", str(np), "--hostfile", "/etc/mpi/hostfile", *training]
+    names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env])
+    forward = [word for name in names for word in ("-x", name)]
+    return ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np), "-bind-to", "none",
+            "-map-by", "slot", *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
+
+
+def _labels(spec, cluster=None):
+    labels = {**MANAGED_BY, JOB_ID_LABEL: str(spec.job_id)}
+    if cluster is not None and cluster.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
+    return labels
+
+
+def _script_volume(spec):
+    """The ConfigMap volume (and its mount) of an uploaded script, on launcher and workers."""
+    if spec.script_content is None:
+        return [], []
+    volume = {"name": "script", "configMap": {"name": script_configmap_name(spec), "defaultMode": 0o444}}
+    mount = {"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True}
+    return [volume], [mount]
+
+
+def _scheduling(cluster, gpu_pod):
+    """Pod spec fields placing a pod: node selector (GPU pods only), tolerations, priority."""
+    placed = {}
+    if gpu_pod and cluster.node_selector:
+        placed["nodeSelector"] = dict(cluster.node_selector)
+    if cluster.tolerations:
+        placed["tolerations"] = [dict(t) for t in cluster.tolerations]
+    if cluster.priority_class:
+        placed["priorityClassName"] = cluster.priority_class
+    return placed
+
+
+def new_launcher_template(spec, cluster, np):
+    """The launcher's pod template: runs mpirun, needs no GPU (the operator hides them)."""
+    volumes, mounts = _script_volume(spec)
+    container = {
+        "name": LAUNCHER,
+        "image": spec.container_image,
+        "command": launcher_command(spec, cluster, np),
+        "env": forwarded_env(spec),
+        "resources": {
+            "requests": {"cpu": _quantity(cluster.launcher_cpu), "memory": f"{cluster.launcher_memory_gib}Gi"},
+            "limits": {"memory": f"{cluster.launcher_memory_gib}Gi"},
+        },
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod = {"containers": [container], **_scheduling(cluster, gpu_pod=False)}
+    if volumes:
+        pod["volumes"] = volumes
+    return {"metadata": {"labels": _labels(spec)}, "spec": pod}
+
+
+def new_worker_template(spec, cluster, slots):
+    """A worker's pod template: `slots` GPUs (limits only), CPU and memory per GPU. No command:
+    the operator starts sshd, and mpirun starts the ranks through it."""
+    volumes, mounts = _script_volume(spec)
+    memory = f"{cluster.memory_per_gpu_gib * slots}Gi"
+    container = {
+        "name": WORKER,
+        "image": spec.container_image,
+        "resources": {
+            "requests": {"cpu": _quantity(cluster.cpu_per_gpu * slots), "memory": memory},
+            "limits": {"memory": memory, "nvidia.com/gpu": slots},
+        },
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod = {"containers": [container], **_scheduling(cluster, gpu_pod=True)}
+    if volumes:
+        pod["volumes"] = volumes
+    return {"metadata": {"labels": _labels(spec)}, "spec": pod}
+
+
+def new_script_configmap(spec, cluster, owner=None):
+    """The ConfigMap holding an uploaded script (None when the script is in the image).
+    `owner`: the created MPIJob, so the ConfigMap goes when the MPIJob does."""
+    if spec.script_content is None:
+        return None
+    metadata = {"name": script_configmap_name(spec), "namespace": cluster.namespace, "labels": _labels(spec)}
+    if owner is not None:
+        metadata["ownerReferences"] = [{
+            "apiVersion": API_VERSION, "kind": KIND, "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False,
+        }]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {spec.script_name: spec.script_content}}
+
+
+def new_mpijob(spec, cluster):
+    """The whole MPIJob for `spec` on `cluster`, every run policy set explicitly."""
+    workers, slots = split_gpus(spec.gpus, cluster.gpus_per_node)
+    run_policy = {
+        "cleanPodPolicy": cluster.clean_pod_policy,
+        "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
+        "backoffLimit": cluster.backoff_limit,
+    }
+    if spec.time_limit_seconds:
+        run_policy["activeDeadlineSeconds"] = spec.time_limit_seconds
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": spec.name, "namespace": cluster.namespace, "labels": _labels(spec, cluster)},
+        "spec": {
+            "slotsPerWorker": slots,
+            "mpiImplementation": "OpenMPI",
+            # Start the launcher once the workers are up (its ssh would fail before), except
+            # under Kueue, which suspends the job and deadlocks with this policy (mpi-operator#615).
+            "launcherCreationPolicy": "AtStartup" if cluster.kueue_queue else "WaitForWorkersReady",
+            "runPolicy": run_policy,
+            "mpiReplicaSpecs": {
+                # Never: a failed launcher is replaced by a new pod (up to backoffLimit), so each
+                # attempt has a log of its own that the follower reads to the end.
+                "Launcher": {"replicas": 1, "restartPolicy": "Never",
+                             "template": new_launcher_template(spec, cluster, workers * slots)},
+                "Worker": {"replicas": workers, "restartPolicy": "Never",
+                           "template": new_worker_template(spec, cluster, slots)},
+            },
+        },
+    }
+
+
+@lru_cache(maxsize=1)
+def _crd_validator():
+    import jsonschema
+    import yaml
+
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
+    schema = version["schema"]["openAPIV3Schema"]
+    return jsonschema.Draft7Validator(schema)
+
+
+def schema_problems(mpijob):
+    """Where `mpijob` breaks the CRD's openAPIV3Schema (what the API server would refuse)."""
+    problems = []
+    for error in sorted(_crd_validator().iter_errors(mpijob), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(part) for part in error.absolute_path) or "(root)"
+        problems.append(f"{where}: {error.message}")
+    return problems
+
+
+def controller_problems(mpijob):
+    """What mpi-operator's validation.go refuses (it would only emit a ValidationError event)."""
+    problems = []
+    name = mpijob.get("metadata", {}).get("name", "")
+    specs = mpijob.get("spec", {}).get("mpiReplicaSpecs", {})
+    unknown = set(specs) - {"Launcher", "Worker"}
+    if unknown:
+        problems.append(f"mpiReplicaSpecs: unknown replica types {sorted(unknown)}")
+    launcher, worker = specs.get("Launcher"), specs.get("Worker")
+    if not launcher:
+        problems.append("mpiReplicaSpecs.Launcher is required")
+    elif launcher.get("replicas", 1) != 1:
+        problems.append("mpiReplicaSpecs.Launcher.replicas must be 1")
+    if worker is not None and worker.get("replicas", 0) < 1:
+        problems.append("mpiReplicaSpecs.Worker.replicas must be at least 1")
+    for kind, replica in specs.items():
+        if not replica:
+            continue
+        if replica.get("restartPolicy", "Never") not in ("Never", "OnFailure"):
+            problems.append(f"mpiReplicaSpecs.{kind}.restartPolicy must be Never or OnFailure")
+        if not replica.get("template", {}).get("spec", {}).get("containers"):
+            problems.append(f"mpiReplicaSpecs.{kind}: the pod template needs a container")
+    policy = mpijob.get("spec", {}).get("runPolicy", {})
+    if policy.get("cleanPodPolicy") not in CLEAN_POD_POLICIES:
+        problems.append(f"runPolicy.cleanPodPolicy must be set to one of {', '.join(CLEAN_POD_POLICIES)}")
+    last_worker = f"{name}-worker-{max((worker or {}).get('replicas', 1) - 1, 0)}"
+    if len(last_worker) > 63 or not _DNS_1035.match(last_worker):
+        problems.append(f"metadata.name: {last_worker!r} (the last worker's name) is not a valid DNS-1035 label")
+    return problems
+
+
+def validate(mpijob):
+    """Raise InvalidMPIJob naming every problem, or return the MPIJob unchanged."""
+    problems = schema_problems(mpijob) + controller_problems(mpijob)
+    if problems:
+        raise InvalidMPIJob(problems)
+    return mpijob
+
+
+def build(spec, cluster):
+    """The validated MPIJob and the script's ConfigMap (or None) for `spec` on `cluster`."""
+    mpijob = validate(new_mpijob(spec, cluster))
+    configmap = new_script_configmap(spec, cluster)
+    if configmap is not None and len(spec.script_content.encode()) > MAX_CONFIGMAP_BYTES:
+        raise InvalidMPIJob([f"the script is larger than {MAX_CONFIGMAP_BYTES:,} bytes, too large for a ConfigMap"])
+    return mpijob, configmap

@@ -1,0 +1,196 @@
+"""The MPIJob builder (runners.mpijob): plain pytest, no Django, no cluster."""
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runners import mpijob
+from runners.base import JobSpec
+
+SHARED_CRD = Path(__file__).resolve().parents[3] / "shared" / "schemas" / "mpijob-crd-v2beta1.yaml"
+EXAMPLES = Path(__file__).resolve().parents[3] / "shared" / "reference" / "mpi-operator-examples"
+
+
+def spec(**overrides):
+    fields = dict(job_id=7, gpus=16, python="python", script_name="train.py", script_content="print('hi')\n",
+                  script_path=None, args=("--lr", "0.1"), env={"WANDB_MODE": "offline"},
+                  time_limit_seconds=7200, container_image="registry.example/horovod:0.28.1")
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+CLUSTER = mpijob.ClusterSpec(namespace="team-a", gpus_per_node=8)
+
+
+def containers(job, kind):
+    return job["spec"]["mpiReplicaSpecs"][kind]["template"]["spec"]["containers"]
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "split"), [
+    (16, 8, (2, 8)), (8, 8, (1, 8)), (4, 8, (1, 4)), (12, 8, (2, 6)), (24, 8, (3, 8)), (13, 8, (13, 1)),
+    (1, 8, (1, 1)), (6, 4, (2, 3)),
+])
+def test_gpus_split_into_equal_workers_that_fit_a_node(gpus, per_node, split):
+    assert mpijob.split_gpus(gpus, per_node) == split
+
+
+@given(st.integers(1, 512), st.integers(1, 16))
+@settings(max_examples=300, deadline=None)
+def test_every_split_fits_a_node_and_covers_the_job(gpus, per_node):
+    workers, slots = mpijob.split_gpus(gpus, per_node)
+    assert workers * slots == gpus and 1 <= slots <= per_node
+
+
+def test_sixteen_gpus_on_eight_gpu_nodes_is_two_workers_of_eight():
+    job = mpijob.new_mpijob(spec(), CLUSTER)
+    assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
+    assert job["metadata"]["name"] == "rm-job-7" and job["metadata"]["namespace"] == "team-a"
+    assert job["spec"]["slotsPerWorker"] == 8
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
+    command = containers(job, "Launcher")[0]["command"]
+    assert command[command.index("-np") + 1] == "16"
+
+
+def test_gpus_are_limits_on_workers_only():
+    job = mpijob.new_mpijob(spec(), CLUSTER)
+    worker = containers(job, "Worker")[0]["resources"]
+    assert worker["limits"]["nvidia.com/gpu"] == 8
+    assert "nvidia.com/gpu" not in worker["requests"]
+    assert worker["requests"] == {"cpu": "32", "memory": "128Gi"}
+    launcher = containers(job, "Launcher")[0]["resources"]
+    assert "nvidia.com/gpu" not in str(launcher)
+
+
+def test_run_policy_is_set_explicitly_with_the_time_limit():
+    job = mpijob.new_mpijob(spec(), mpijob.ClusterSpec(namespace="a", gpus_per_node=8, clean_pod_policy="All",
+                                                        backoff_limit=2, ttl_seconds_after_finished=600))
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "All", "ttlSecondsAfterFinished": 600,
+                                        "backoffLimit": 2, "activeDeadlineSeconds": 7200}
+
+
+def test_launcher_runs_mpirun_tagging_output_and_forwarding_every_user_variable():
+    job = mpijob.new_mpijob(spec(env={"WANDB_MODE": "offline", "PATH": "/opt/bin"}), CLUSTER)
+    command = containers(job, "Launcher")[0]["command"]
+    assert command[:5] == ["mpirun", "--allow-run-as-root", "--tag-output", "-np", "16"]
+    forwarded = [command[i + 1] for i, word in enumerate(command) if word == "-x"]
+    assert forwarded == ["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", "WANDB_MODE"]   # PATH once
+    assert command[-4:] == ["python", "/ringmaster/script/train.py", "--lr", "0.1"]
+    assert {"name": "WANDB_MODE", "value": "offline"} in containers(job, "Launcher")[0]["env"]
+    for words in (["-bind-to", "none"], ["-map-by", "slot"], ["-mca", "pml", "ob1"], ["-mca", "btl", "^openib"]):
+        at = command.index(words[0])
+        assert words in [command[i:i + len(words)] for i in range(at, len(command))]
+
+
+def test_hostile_arguments_stay_single_words_with_no_shell():
+    hostile = ("; rm -rf /", "$(id)", "a b", "'\"")
+    command = containers(mpijob.new_mpijob(spec(args=hostile), CLUSTER), "Launcher")[0]["command"]
+    assert command[0] == "mpirun" and tuple(command[-4:]) == hostile
+
+
+def test_horovodrun_launcher_uses_the_operators_hostfile():
+    cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=4, launcher="horovodrun")
+    command = containers(mpijob.new_mpijob(spec(gpus=8), cluster), "Launcher")[0]["command"]
+    assert command[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
+
+
+def test_uploaded_script_is_mounted_from_a_configmap_on_launcher_and_workers():
+    job_spec = spec()
+    job = mpijob.new_mpijob(job_spec, CLUSTER)
+    for kind in ("Launcher", "Worker"):
+        pod = job["spec"]["mpiReplicaSpecs"][kind]["template"]["spec"]
+        assert pod["volumes"] == [{"name": "script", "configMap": {"name": "rm-job-7-script", "defaultMode": 0o444}}]
+        assert pod["containers"][0]["volumeMounts"][0]["mountPath"] == mpijob.SCRIPT_DIR
+    owner = {"metadata": {"name": "rm-job-7", "uid": "u-1"}}
+    configmap = mpijob.new_script_configmap(job_spec, CLUSTER, owner=owner)
+    assert configmap["data"] == {"train.py": "print('hi')\n"}
+    assert configmap["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_a_script_inside_the_image_needs_no_configmap():
+    job_spec = spec(script_content=None, script_name="", script_path="/examples/pytorch_mnist.py")
+    job = mpijob.new_mpijob(job_spec, CLUSTER)
+    assert "volumes" not in job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert containers(job, "Launcher")[0]["command"][-3] == "/examples/pytorch_mnist.py"
+    assert mpijob.new_script_configmap(job_spec, CLUSTER) is None
+
+
+def test_placement_kueue_and_priority():
+    cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=8, node_selector={"gpu": "a100"},
+                                 tolerations=({"key": "nvidia.com/gpu", "operator": "Exists"},),
+                                 priority_class="training", kueue_queue="team-a")
+    job = mpijob.new_mpijob(spec(), cluster)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["launcherCreationPolicy"] == "AtStartup"      # Kueue suspends; mpi-operator#615
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert worker["nodeSelector"] == {"gpu": "a100"} and "nodeSelector" not in launcher
+    assert worker["tolerations"] == launcher["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert worker["priorityClassName"] == launcher["priorityClassName"] == "training"
+    assert mpijob.new_mpijob(spec(), CLUSTER)["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+
+
+@given(gpus=st.integers(1, 64), per_node=st.integers(1, 8), job_id=st.integers(1, 10**12),
+       args=st.lists(st.text(max_size=20), max_size=4),
+       env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(max_size=10), max_size=4),
+       uploaded=st.booleans(), launcher=st.sampled_from(mpijob.LAUNCHERS),
+       policy=st.sampled_from(mpijob.CLEAN_POD_POLICIES), kueue=st.sampled_from(["", "q"]))
+@settings(max_examples=150, deadline=None)
+def test_every_built_mpijob_passes_the_crd_schema_and_the_controllers_rules(
+        gpus, per_node, job_id, args, env, uploaded, launcher, policy, kueue):
+    job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env,
+                    script_content="x = 1\n" if uploaded else None, script_path=None if uploaded else "/t.py")
+    cluster = mpijob.ClusterSpec(namespace="ns", gpus_per_node=per_node, launcher=launcher,
+                                 clean_pod_policy=policy, kueue_queue=kueue)
+    job, _ = mpijob.build(job_spec, cluster)
+    assert mpijob.schema_problems(job) == [] and mpijob.controller_problems(job) == []
+
+
+@pytest.mark.parametrize(("breakage", "problem"), [
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Launcher"].update(replicas=2), "Launcher.replicas must be 1"),
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Worker"].update(replicas=0), "Worker.replicas must be at least 1"),
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Worker"].update(restartPolicy="Always"), "Never or OnFailure"),
+    (lambda j: j["spec"]["runPolicy"].pop("cleanPodPolicy"), "cleanPodPolicy must be set"),
+    (lambda j: j["metadata"].update(name="Job_7"), "DNS-1035"),
+    (lambda j: j["metadata"].update(name="a" * 60), "DNS-1035"),
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"].update(containers=[]),
+     "needs a container"),
+    (lambda j: j["spec"].update(mpiImplementation="LAM"), "mpiImplementation"),
+    (lambda j: j["spec"].update(slotsPerWorker="8"), "slotsPerWorker"),
+    (lambda j: j["spec"].pop("mpiReplicaSpecs"), "mpiReplicaSpecs"),
+    (lambda j: containers(j, "Worker")[0].pop("name"), "'name' is a required property"),
+])
+def test_validation_names_what_the_api_server_or_operator_would_refuse(breakage, problem):
+    job = mpijob.new_mpijob(spec(), CLUSTER)
+    breakage(job)
+    with pytest.raises(mpijob.InvalidMPIJob) as caught:
+        mpijob.validate(job)
+    assert problem in str(caught.value)
+
+
+def test_a_script_too_large_for_a_configmap_is_refused_before_sending():
+    with pytest.raises(mpijob.InvalidMPIJob, match="too large for a ConfigMap"):
+        mpijob.build(spec(script_content="#" * 1_000_001), CLUSTER)
+
+
+def test_the_operators_own_examples_pass_the_same_validation():
+    """The validator is not stricter than the operator: its example MPIJobs pass."""
+    examples = sorted(EXAMPLES.glob("*.yaml"))
+    if not examples:
+        pytest.skip("the mpi-operator examples are not next to this checkout")
+    for path in examples:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document.get("kind") == "MPIJob":
+                document = copy.deepcopy(document)
+                document["spec"].setdefault("runPolicy", {}).setdefault("cleanPodPolicy", "Running")
+                assert mpijob.schema_problems(document) == [], path.name
+                assert mpijob.controller_problems(document) == [], path.name
+
+
+def test_the_crd_in_the_repo_is_mpi_operators_v0_8_2_file():
+    if not SHARED_CRD.exists():
+        pytest.skip("the shared CRD is not next to this checkout")
+    assert mpijob.CRD_FILE.read_bytes() == SHARED_CRD.read_bytes()
