@@ -63,12 +63,13 @@ def job_mpijob(request, job_id):
     (the same JSON as `manage.py render_mpijob`); ?format=json gives the bare document."""
     from runners.mpijob import InvalidMPIJob, validate
 
-    from .clusters import ClusterError, render
+    from .clusters import ClusterError
+    from .clusters import render as render_mpijob
 
     job = get_object_or_404(visible_jobs(request.user).filter(backend=Backend.KUBERNETES, cluster__isnull=False),
                             pk=job_id)
     try:
-        document = render(job)
+        document = render_mpijob(job)
     except ClusterError as exc:
         return render(request, "jobs/mpijob.html", {"job": job, "problems": [str(exc)]}, status=409)
     if request.GET.get("format") == "json":

@@ -1,0 +1,197 @@
+"""Clusters for the Kubernetes backend: registering one, submitting to one, and seeing the MPIJob
+a job becomes (command and page), without a cluster to talk to."""
+import io
+import json
+
+import pytest
+import yaml
+from django.contrib.auth.models import Group
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from jobs.models import Backend, Cluster, Image, Job
+from runners import mpijob
+
+pytestmark = pytest.mark.django_db
+
+# A cluster nobody listens on: everything here works without reaching it.
+UNREACHABLE = "https://127.0.0.1:9"
+
+
+def kubeconfig(server=UNREACHABLE, token="s3cr3t-token-value", context="prod"):
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": context,
+        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
+    })
+
+
+def run(*args):
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def _multi_node_jobs(settings):
+    settings.RINGMASTER_MAX_GPUS_PER_JOB = 64
+
+
+@pytest.fixture
+def cluster(db):
+    item = Cluster(name="gpu-east", namespace="training", gpus_per_node=8)
+    item.set_kubeconfig(kubeconfig())
+    item.save()
+    return item
+
+
+@pytest.fixture
+def k8s_image(db):
+    return Image.objects.create(name="horovod-gpu", container_image="registry.example/horovod:0.28.1",
+                                python="python3")
+
+
+def test_add_cluster_stores_the_kubeconfig_encrypted_and_reports_the_check(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text(kubeconfig())
+    out = run("add_cluster", "--name", "gpu-east", "--kubeconfig", str(path), "--namespace", "training",
+              "--gpus-per-node", "8", "--node-selector", '{"gpu": "a100"}', "--kueue-queue", "team")
+    assert "cluster gpu-east saved" in out and "check: FAILED" in out     # nobody listens there
+    cluster = Cluster.objects.get(name="gpu-east")
+    assert (cluster.namespace, cluster.gpus_per_node, cluster.node_selector, cluster.kueue_queue) == (
+        "training", 8, {"gpu": "a100"}, "team")
+    assert cluster.kubeconfig() == kubeconfig()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT kubeconfig_encrypted FROM jobs_cluster")
+        stored = cursor.fetchone()[0]
+    assert "s3cr3t-token-value" not in stored and "127.0.0.1" not in stored
+    # Running it again updates the same cluster.
+    run("add_cluster", "--name", "gpu-east", "--kubeconfig", str(path), "--namespace", "team-{group}",
+        "--gpus-per-node", "4", "--no-check")
+    assert Cluster.objects.get().namespace == "team-{group}"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("not: [valid", "not valid YAML"),
+    ("apiVersion: v1\n", "no clusters or contexts"),
+    (kubeconfig(context="other").replace("current-context: other", "current-context: missing"), "no context 'missing'"),
+])
+def test_add_cluster_refuses_a_broken_kubeconfig_saying_why(tmp_path, text, message):
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(CommandError, match=message):
+        run("add_cluster", "--name", "x", "--kubeconfig", str(path), "--namespace", "n", "--gpus-per-node", "8")
+    assert not Cluster.objects.exists()
+
+
+def test_add_cluster_in_cluster_needs_no_kubeconfig():
+    run("add_cluster", "--name", "here", "--in-cluster", "--namespace", "training", "--gpus-per-node", "8",
+        "--no-check")
+    assert Cluster.objects.get().connection == Cluster.Connection.IN_CLUSTER
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def alice_api(api_client, alice):
+    return api_client(alice)
+
+
+def submit(client, **data):
+    body = {"image": "horovod-gpu", "gpus": 16, "script_path": "/examples/train.py", "backend": "kubernetes", **data}
+    return client.post("/api/jobs/", body, format="json")
+
+
+def test_a_kubernetes_job_goes_to_the_only_cluster(alice_api, cluster, k8s_image):
+    response = submit(alice_api)
+    assert response.status_code == 201, response.json()
+    assert response.json()["backend"] == "kubernetes" and response.json()["cluster"] == "gpu-east"
+
+
+def test_with_two_clusters_the_job_must_name_one(alice_api, cluster, k8s_image):
+    Cluster.objects.create(name="gpu-west", namespace="training", gpus_per_node=4)
+    response = submit(alice_api)
+    assert response.status_code == 400
+    assert response.json()["cluster"] == ["Choose a cluster: gpu-east, gpu-west."]
+    response = submit(alice_api, cluster="gpu-west")
+    assert response.status_code == 201 and response.json()["cluster"] == "gpu-west"
+
+
+@pytest.mark.parametrize(("data", "field", "message"), [
+    ({"cluster": "nowhere"}, "cluster", "No enabled cluster 'nowhere'. Available: gpu-east."),
+    ({"image": "plain"}, "image", "Image plain has no container image, so it cannot run on Kubernetes."),
+])
+def test_bad_kubernetes_input_names_the_field(alice_api, cluster, k8s_image, data, field, message):
+    Image.objects.create(name="plain")
+    response = submit(alice_api, **data)
+    assert response.status_code == 400 and response.json()[field] == [message]
+    assert not Job.objects.exists()
+
+
+def test_a_namespace_per_group_needs_a_group(alice_api, alice, cluster, k8s_image):
+    cluster.namespace = "team-{group}"
+    cluster.save()
+    response = submit(alice_api)
+    assert response.status_code == 400 and "charge the job to a group" in response.json()["group"][0]
+    vision = Group.objects.create(name="Vision_Lab")
+    vision.user_set.add(alice)
+    response = submit(alice_api, group="Vision_Lab")
+    assert response.status_code == 201
+    job = Job.objects.get()
+    out = run("render_mpijob", str(job.pk))
+    assert json.loads(out)["metadata"]["namespace"] == "team-vision-lab"
+
+
+def test_render_mpijob_prints_the_valid_mpijob_without_reaching_the_cluster(alice_api, cluster, k8s_image):
+    job_id = submit(alice_api, args=["--epochs", "3"], env={"LR": "0.1"}).json()["id"]
+    document = json.loads(run("render_mpijob", str(job_id)))
+    assert document["metadata"]["name"] == f"rm-job-{job_id}"
+    assert document["spec"]["slotsPerWorker"] == 8
+    assert document["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert mpijob.schema_problems(document) == [] and mpijob.controller_problems(document) == []
+    command = document["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-4:] == ["python3", "/examples/train.py", "--epochs", "3"] and "LR" in command
+
+
+def test_render_mpijob_refuses_other_backends_and_unknown_jobs(make_user, image):
+    job = Job.objects.create(owner=make_user("alice"), image=image, gpus=1, script_path="t.py",
+                             backend=Backend.LOCAL, time_limit_minutes=5)
+    with pytest.raises(CommandError, match="local backend"):
+        run("render_mpijob", str(job.pk))
+    with pytest.raises(CommandError, match="no job 999999"):
+        run("render_mpijob", "999999")
+
+
+def test_the_job_page_links_the_mpijob_which_only_its_owner_and_staff_see(
+        client, alice_api, make_user, cluster, k8s_image):
+    job_id = submit(alice_api).json()["id"]
+    client.force_login(Job.objects.get().owner)
+    page = client.get(f"/jobs/{job_id}/").content.decode()
+    assert f'href="/jobs/{job_id}/mpijob/"' in page and "View MPIJob" in page
+    shown = client.get(f"/jobs/{job_id}/mpijob/")
+    assert shown.status_code == 200 and f"rm-job-{job_id}" in shown.content.decode()
+    document = client.get(f"/jobs/{job_id}/mpijob/?format=json").json()
+    assert document == json.loads(run("render_mpijob", str(job_id)))
+    client.force_login(make_user("mallory"))
+    assert client.get(f"/jobs/{job_id}/mpijob/").status_code == 404
+    assert client.get(f"/jobs/{job_id}/mpijob/?format=json").status_code == 404
+    client.force_login(make_user("root", is_staff=True))
+    assert client.get(f"/jobs/{job_id}/mpijob/").status_code == 200
+
+
+def test_the_job_form_offers_kubernetes_only_when_a_cluster_exists(client, make_user, k8s_image):
+    client.force_login(make_user("alice"))
+    assert 'value="kubernetes"' not in client.get("/jobs/new/").content.decode()
+    Cluster.objects.create(name="gpu-east", namespace="training", gpus_per_node=8)
+    page = client.get("/jobs/new/").content.decode()
+    assert 'value="kubernetes"' in page and "gpu-east" in page
+
+
+def test_the_admin_never_shows_a_stored_kubeconfig(client, make_user, cluster):
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    page = client.get(f"/admin/jobs/cluster/{cluster.pk}/change/").content.decode()
+    assert "s3cr3t-token-value" not in page and cluster.kubeconfig_encrypted not in page
