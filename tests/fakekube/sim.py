@@ -1,0 +1,456 @@
+"""The MPI operator and the kubelet, played by one thread per MPIJob, driven by a Scenario."""
+import copy
+import dataclasses
+import random
+import threading
+import time
+import uuid
+from typing import Optional
+
+from .store import rfc3339
+
+OPERATOR = "training.kubeflow.org/operator-name"
+JOB_NAME = "training.kubeflow.org/job-name"
+JOB_ROLE = "training.kubeflow.org/job-role"
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+CONTROLLER = "mpi-job-controller"          # the operator's event source component
+RAND_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"   # what Kubernetes uses for generateName suffixes
+DEFAULT_BACKOFF_LIMIT = 6                  # batch/v1 Job's default
+
+
+@dataclasses.dataclass
+class Scenario:
+    """How the fake operator and kubelet run one MPIJob. attempts[i] = (output chunks, exit code) for
+    launcher attempt i (the last one repeats); None: every rank prints a few tagged lines, exit 0."""
+    attempts: Optional[list] = None
+    step_seconds: float = 0.05
+    hold: Optional[threading.Event] = None
+    unschedulable: bool = False
+    image_pull_error: bool = False
+    oom_worker: Optional[int] = None
+    evict_worker: Optional[int] = None
+    validation_error: Optional[str] = None
+    steps: int = 3                          # lines per rank in the default output
+    pull_seconds: Optional[float] = None    # how long containers stay ContainerCreating (step_seconds)
+
+
+def default_output(np, steps=3):
+    return [b"".join(f"[1,{r}]<stdout>:step {s} rank {r}\n".encode() for r in range(np))
+            for s in range(1, steps + 1)]
+
+
+def mpirun_error(name, ns, rank, worker):
+    return (
+        "--------------------------------------------------------------------------\n"
+        "Primary job  terminated normally, but 1 process returned\n"
+        "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+        "--------------------------------------------------------------------------\n"
+        "--------------------------------------------------------------------------\n"
+        f"mpirun noticed that process rank {rank} with PID 0 on node "
+        f"{name}-worker-{worker}.{name}.{ns}.svc exited on signal 9 (Killed).\n"
+        "--------------------------------------------------------------------------\n").encode()
+
+
+class Gone(Exception):
+    """The MPIJob was deleted (or the server stops): the thread unwinds."""
+
+
+class JobRunner(threading.Thread):
+    def __init__(self, fake, job, scenario):
+        super().__init__(daemon=True, name=f"fakekube-{job['metadata']['name']}")
+        self.fake, self.store = fake, fake.store
+        self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self.uid = job["metadata"]["uid"]
+        self.sc = scenario
+        self.released = threading.Event()     # release_unschedulable()
+        spec = job["spec"]
+        self.replica = spec["mpiReplicaSpecs"]
+        self.workers = int((self.replica.get("Worker") or {}).get("replicas", 0) or 0)
+        self.slots = int(spec.get("slotsPerWorker", 1) or 1)
+        rp = spec.get("runPolicy") or {}
+        self.backoff_limit = int(rp.get("backoffLimit", DEFAULT_BACKOFF_LIMIT))
+        self.clean = rp.get("cleanPodPolicy", "None")
+        self.ttl = rp.get("ttlSecondsAfterFinished")
+        self.launcher_failed = 0
+        self.node_of = {}
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def alive(self):
+        obj = self.store.objects.get(("mpijobs", self.ns, self.name))
+        return (not self.fake.stopping.is_set() and obj is not None and obj["metadata"]["uid"] == self.uid)
+
+    def pause(self, seconds=None):
+        deadline = time.monotonic() + (self.sc.step_seconds if seconds is None else seconds)
+        while True:
+            if not self.alive():
+                raise Gone()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.fake.stopping.wait(min(left, 0.05))
+
+    def wait_event(self, event):
+        while not event.is_set():
+            if not self.alive():
+                raise Gone()
+            event.wait(0.05)
+
+    def job_status(self, mutate):
+        def apply(obj):
+            status = obj.setdefault("status", {})
+            mutate(status)
+            status["lastReconcileTime"] = rfc3339()
+        if self.store.update("mpijobs", self.ns, self.name, apply, uid=self.uid) is None:
+            raise Gone()
+
+    def condition(self, ctype, status, reason, message):
+        def mutate(st):
+            conds = st.setdefault("conditions", [])
+            stamp = rfc3339()
+            for c in conds:
+                if c["type"] == ctype:
+                    if c["status"] != status:
+                        c["lastTransitionTime"] = stamp
+                    c.update(status=status, reason=reason, message=message, lastUpdateTime=stamp)
+                    break
+            else:
+                conds.append({"type": ctype, "status": status, "reason": reason, "message": message,
+                              "lastUpdateTime": stamp, "lastTransitionTime": stamp})
+            if ctype in ("Succeeded", "Failed") and status == "True":
+                for c in conds:
+                    if c["type"] == "Running" and c["status"] == "True":
+                        c.update(status="False", lastUpdateTime=stamp, lastTransitionTime=stamp)
+        self.job_status(mutate)
+
+    def job_event(self, etype, reason, message):
+        self.fake.record_event(self.ns, {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                         "name": self.name, "namespace": self.ns, "uid": self.uid},
+                               etype, reason, message, {"component": CONTROLLER})
+
+    def pod_event(self, pod, etype, reason, message, component="kubelet"):
+        source = {"component": component}
+        if component == "kubelet" and pod["spec"].get("nodeName"):
+            source["host"] = pod["spec"]["nodeName"]
+        self.fake.record_event(self.ns, {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                         "namespace": self.ns, "uid": pod["metadata"]["uid"],
+                                         "fieldPath": f"spec.containers{{{pod['spec']['containers'][0]['name']}}}"
+                                         if component == "kubelet" else None},
+                               etype, reason, message, source)
+
+    def pod_update(self, pod, mutate):
+        new = self.store.update("pods", self.ns, pod["metadata"]["name"], mutate, uid=pod["metadata"]["uid"])
+        if new is None:
+            raise Gone() if not self.alive() else _PodGone()
+        return new
+
+    # --- pods ---------------------------------------------------------------------------------
+    def make_pod(self, role, index=None, name=None):
+        rtype = "Launcher" if role == "launcher" else "Worker"
+        rspec = self.replica.get(rtype) or {}
+        template = copy.deepcopy(rspec.get("template") or {})
+        tmeta = template.get("metadata") or {}
+        spec = template.get("spec") or {}
+        labels = dict(tmeta.get("labels") or {})
+        labels.update({OPERATOR: "mpi-operator", JOB_NAME: self.name, JOB_ROLE: role})
+        owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": self.name, "uid": self.uid,
+                 "controller": True, "blockOwnerDeletion": True}
+        containers = spec.setdefault("containers", [{"name": role, "image": "busybox"}])
+        for c in containers:
+            c.setdefault("imagePullPolicy", "IfNotPresent")
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            c.setdefault("env", []).append({"name": "K_MPI_JOB_ROLE", "value": role})
+        if role == "worker":
+            labels[REPLICA_INDEX] = str(index)
+            name = f"{self.name}-worker-{index}"
+            spec["hostname"], spec["subdomain"] = name, self.name
+            if not containers[0].get("command") and not containers[0].get("args"):
+                containers[0]["command"] = ["/usr/sbin/sshd", "-De"]
+        else:
+            job_uid = self.fake.launcher_job_uid(self.uid)
+            labels.update({"batch.kubernetes.io/job-name": f"{self.name}-launcher",
+                           "job-name": f"{self.name}-launcher",
+                           "batch.kubernetes.io/controller-uid": job_uid, "controller-uid": job_uid})
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{self.name}-launcher",
+                     "uid": job_uid, "controller": True, "blockOwnerDeletion": True}
+        spec["restartPolicy"] = rspec.get("restartPolicy") or ("OnFailure" if role == "launcher" else "Never")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": self.ns, "labels": labels,
+                            "annotations": dict(tmeta.get("annotations") or {}), "ownerReferences": [owner]},
+               "spec": spec,
+               "status": {"phase": "Pending", "qosClass": "BestEffort"}}
+        return self.store.create("pods", pod)
+
+    def waiting_statuses(self, pod, reason, message=None):
+        statuses = []
+        for c in pod["spec"]["containers"]:
+            waiting = {"reason": reason}
+            if message:
+                waiting["message"] = message.replace("{image}", c.get("image", ""))
+            statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+                             "restartCount": 0, "started": False, "state": {"waiting": waiting},
+                             "lastState": {}})
+        return statuses
+
+    def schedule(self, pod):
+        node = f"node-{random.randint(1, 3)}"
+        stamp = rfc3339()
+
+        def mutate(p):
+            p["spec"]["nodeName"] = node
+            p["status"].update(
+                hostIP="10.0.0.1", startTime=stamp,
+                conditions=[
+                    {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": stamp},
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": stamp,
+                     "message": f"containers with unready status: [{pod['spec']['containers'][0]['name']}]"},
+                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+                     "lastTransitionTime": stamp},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}],
+                containerStatuses=self.waiting_statuses(p, "ContainerCreating"))
+        pod = self.pod_update(pod, mutate)
+        self.pod_event(pod, "Normal", "Scheduled",
+                       f"Successfully assigned {self.ns}/{pod['metadata']['name']} to {node}", "default-scheduler")
+        return pod
+
+    def unschedulable(self, pod):
+        msg = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        stamp = rfc3339()
+
+        def mutate(p):
+            p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                          "message": msg, "lastTransitionTime": stamp}]
+        pod = self.pod_update(pod, mutate)
+        self.pod_event(pod, "Warning", "FailedScheduling", msg, "default-scheduler")
+        return pod
+
+    def image_pull_fails(self, pod):
+        image = pod["spec"]["containers"][0].get("image", "")
+        self.pod_event(pod, "Normal", "Pulling", f'Pulling image "{image}"')
+        err = (f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack '
+               f'image "{image}": failed to resolve reference "{image}": {image}: not found')
+        pod = self.pod_update(pod, lambda p: p["status"].update(
+            containerStatuses=self.waiting_statuses(p, "ErrImagePull", err)))
+        self.pod_event(pod, "Warning", "Failed", err)
+        self.pod_event(pod, "Warning", "Failed", "Error: ErrImagePull")
+        self.pause()
+        pod = self.pod_update(pod, lambda p: p["status"].update(
+            containerStatuses=self.waiting_statuses(p, "ImagePullBackOff", 'Back-off pulling image "{image}"')))
+        self.pod_event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"')
+        self.pod_event(pod, "Warning", "Failed", "Error: ImagePullBackOff")
+        return pod
+
+    def run_container(self, pod):
+        """Pulled, Created, Started; the pod goes Running with its containers running."""
+        c = pod["spec"]["containers"][0]
+        self.pod_event(pod, "Normal", "Pulled", f'Container image "{c.get("image", "")}" already present on machine')
+        self.pod_event(pod, "Normal", "Created", f"Created container: {c['name']}")
+        stamp = rfc3339()
+
+        def mutate(p):
+            p["status"]["phase"] = "Running"
+            p["status"]["podIP"] = f"10.1.0.{random.randint(2, 250)}"
+            p["status"]["podIPs"] = [{"ip": p["status"]["podIP"]}]
+            for cond in p["status"].get("conditions", []):
+                if cond["type"] in ("Ready", "ContainersReady", "PodReadyToStartContainers"):
+                    cond.update(status="True", lastTransitionTime=stamp)
+                    cond.pop("reason", None)
+                    cond.pop("message", None)
+            p["status"]["containerStatuses"] = [
+                {"name": cs["name"], "image": cs["image"], "imageID": f"docker.io/library/{cs['image']}@sha256:"
+                 + uuid.uuid4().hex * 2, "containerID": "containerd://" + uuid.uuid4().hex * 2, "ready": True,
+                 "restartCount": 0, "started": True, "state": {"running": {"startedAt": stamp}}, "lastState": {}}
+                for cs in p["status"]["containerStatuses"]]
+        self.fake.logs_open(pod)
+        pod = self.pod_update(pod, mutate)
+        self.pod_event(pod, "Normal", "Started", f"Started container {c['name']}")
+        return pod
+
+    def terminate(self, pod, exit_code, reason=None, pod_reason=None, pod_message=None):
+        """The first container exits: flush its log, then the pod's phase follows."""
+        self.fake.logs_close(pod)
+        stamp = rfc3339()
+        reason = reason or ("Completed" if exit_code == 0 else "Error")
+
+        def mutate(p):
+            p["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            if pod_reason:
+                p["status"]["reason"], p["status"]["message"] = pod_reason, pod_message
+            for cond in p["status"].get("conditions", []):
+                if cond["type"] in ("Ready", "ContainersReady"):
+                    cond.update(status="False", reason="PodCompleted" if exit_code == 0 else "PodFailed",
+                                lastTransitionTime=stamp)
+            for cs in p["status"].get("containerStatuses", []):
+                started = cs["state"].get("running", {}).get("startedAt", stamp)
+                cs.update(ready=False, started=False, state={"terminated": {
+                    "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": stamp,
+                    "containerID": cs.get("containerID", "")}})
+        return self.pod_update(pod, mutate)
+
+    # --- the job ------------------------------------------------------------------------------
+    def run(self):
+        try:
+            self.reconcile()
+        except (Gone, _PodGone):
+            pass
+        except Exception as exc:   # a bug in the fake must show up in the tests, not vanish
+            self.fake.errors.append(exc)
+            raise
+
+    def reconcile(self):
+        sc, ns, name = self.sc, self.ns, self.name
+        problems = self.fake.validate_for_controller(self.store.get("mpijobs", ns, name))
+        if sc.validation_error or problems:
+            self.job_event("Warning", "ValidationError", sc.validation_error or "Invalid MPIJob: " + problems)
+            return
+        msg = f"MPIJob {ns}/{name} is created."
+        self.condition("Created", "True", "MPIJobCreated", msg)
+        self.job_event("Normal", "MPIJobCreated", msg)
+        self.wait_unsuspended()
+        self.job_status(lambda st: st.update(startTime=rfc3339(), replicaStatuses={"Launcher": {}, "Worker": {}}))
+        self.fake.create_owned_configmap(ns, name, self.uid, self.workers, self.slots)
+
+        workers = [self.make_pod("worker", i) for i in range(self.workers)]
+        launcher = None if sc.unschedulable else self.make_pod("launcher", name=self.launcher_name())
+        self.pause()
+        if sc.unschedulable:
+            # the launcher is created once the workers fit (as with launcherCreationPolicy WaitForWorkersReady)
+            workers = [self.unschedulable(w) for w in workers]
+            self.wait_event(self.released)
+            launcher = self.make_pod("launcher", name=self.launcher_name())
+        workers = [self.schedule(w) for w in workers]
+        launcher = self.schedule(launcher)
+        self.job_status(lambda st: st["replicaStatuses"]["Launcher"].update(active=1))
+        if sc.image_pull_error:
+            for pod in workers + [launcher]:
+                self.image_pull_fails(pod)
+            while True:
+                self.pause(3600)
+        self.pause(sc.pull_seconds)
+        workers = [self.run_container(w) for w in workers]
+        self.job_status(lambda st: st["replicaStatuses"].update(Worker={"active": len(workers)}))
+
+        attempts = sc.attempts or [(default_output(self.workers * self.slots, sc.steps), 0)]
+        attempt = 0
+        while True:
+            chunks, exit_code = attempts[min(attempt, len(attempts) - 1)]
+            if attempt > 0:
+                launcher = self.schedule(self.make_pod("launcher", name=self.launcher_name()))
+                self.job_status(lambda st: st["replicaStatuses"]["Launcher"].update(active=1))
+                self.pause(sc.pull_seconds)
+            launcher = self.run_container(launcher)
+            if all(self.worker_phase(w) == "Running" for w in workers):
+                msg = f"MPIJob {ns}/{name} is running."
+                self.condition("Running", "True", "MPIJobRunning", msg)
+                self.job_event("Normal", "MPIJobRunning", f"MPIJob {ns}/{name} is running")
+            ended = self.play(launcher, workers, chunks, exit_code, attempt)
+            if ended == "evicted":
+                return self.finish(workers)
+            if ended == 0:
+                msg = f"MPIJob {ns}/{name} successfully completed."
+                self.job_status(lambda st: (st["replicaStatuses"]["Launcher"].update(active=0, succeeded=1),
+                                            st.update(completionTime=rfc3339())))
+                self.condition("Succeeded", "True", "MPIJobSucceeded", msg)
+                self.job_event("Normal", "MPIJobSucceeded", msg)
+                return self.finish(workers)
+            self.launcher_failed += 1
+            self.job_status(lambda st: st["replicaStatuses"]["Launcher"].update(active=0, failed=self.launcher_failed))
+            if self.launcher_failed > self.backoff_limit:
+                # mpi-operator: reason "<Job reason>/<last failed pod's status.reason>", message likewise.
+                reason = "BackoffLimitExceeded/" + (launcher["status"].get("reason") or "")
+                msg = "Job has reached the specified backoff limit: " + (launcher["status"].get("message") or "")
+                self.job_status(lambda st: st.update(completionTime=rfc3339()))
+                self.condition("Failed", "True", reason, msg)
+                self.job_event("Warning", reason, msg)
+                return self.finish(workers)
+            attempt += 1
+            self.pause()
+
+    def play(self, launcher, workers, chunks, exit_code, attempt):
+        """The launcher prints; trouble strikes after the first chunk. Returns the exit code or 'evicted'."""
+        sc = self.sc
+        for i, chunk in enumerate(chunks):
+            self.fake.logs_write(launcher, chunk)
+            if i == 0 and sc.hold is not None:
+                self.wait_event(sc.hold)
+            if i == 0 and sc.oom_worker is not None and self.worker_phase(workers[sc.oom_worker]) == "Running":
+                self.pause()
+                self.terminate(workers[sc.oom_worker], 137, "OOMKilled")
+                self.job_status(lambda st: st["replicaStatuses"].update(
+                    Worker={"active": self.workers - 1, "failed": 1}))
+                self.pause()
+                self.fake.logs_write(launcher, mpirun_error(self.name, self.ns, sc.oom_worker * self.slots,
+                                                            sc.oom_worker))
+                self.pause()
+                self.terminate(launcher, 1)
+                return 1
+            if i == 0 and sc.evict_worker is not None:
+                self.pause()
+                w = workers[sc.evict_worker]
+                self.fake.logs_close(w)
+                self.terminate(w, 137, "Error", "Evicted", "The node was low on resource: memory.")
+                self.pod_event(w, "Warning", "Evicted", "The node was low on resource: memory.")
+                msg = f"1/{self.workers} workers are evicted"
+                self.job_status(lambda st: st["replicaStatuses"].update(
+                    Worker={"active": self.workers - 1, "failed": 1}))
+                self.condition("Failed", "True", "MPIJobEvicted", msg)
+                self.job_event("Warning", "MPIJobEvicted", msg)
+                self.pause()
+                self.fake.logs_write(launcher, mpirun_error(self.name, self.ns, sc.evict_worker * self.slots,
+                                                            sc.evict_worker))
+                self.terminate(launcher, 1)
+                self.job_status(lambda st: st.update(completionTime=rfc3339()))
+                return "evicted"
+            if sc.oom_worker is not None and attempt > 0:
+                # the OOM-killed worker is gone for good: mpirun cannot reach it
+                self.fake.logs_write(launcher, f"ssh: connect to host {self.name}-worker-{sc.oom_worker}."
+                                     f"{self.name}.{self.ns}.svc port 22: Connection refused\n".encode())
+                self.pause()
+                self.terminate(launcher, 1)
+                return 1
+            self.pause()
+        self.terminate(launcher, exit_code)
+        return exit_code
+
+    def finish(self, workers):
+        for w in workers:
+            phase = self.worker_phase(w)
+            if self.clean == "All" or (self.clean == "Running" and phase in ("Running", "Pending")):
+                self.fake.delete_pod(self.ns, w["metadata"]["name"])
+        if self.ttl is not None:
+            self.pause(float(self.ttl))
+            for pod in self.fake.pods(self.ns, f"{JOB_NAME}={self.name},{JOB_ROLE}=launcher"):
+                self.fake.delete_pod(self.ns, pod["metadata"]["name"])
+
+    def worker_phase(self, w):
+        pod = self.store.get("pods", self.ns, w["metadata"]["name"])
+        return pod and pod["status"].get("phase")
+
+    def launcher_name(self):
+        return f"{self.name}-launcher-" + "".join(random.choice(RAND_ALPHABET) for _ in range(5))
+
+    def wait_unsuspended(self):
+        def suspended():
+            obj = self.store.get("mpijobs", self.ns, self.name)
+            if obj is None or obj["metadata"]["uid"] != self.uid:
+                raise Gone()
+            return bool((obj["spec"].get("runPolicy") or {}).get("suspend"))
+        if not suspended():
+            return
+        msg = f"MPIJob {self.ns}/{self.name} is suspended."
+        self.condition("Suspended", "True", "MPIJobSuspended", msg)
+        self.condition("Running", "False", "MPIJobSuspended", msg)
+        self.job_event("Normal", "MPIJobSuspended", msg)
+        while suspended():
+            self.pause(0.05)
+        msg = f"MPIJob {self.ns}/{self.name} is resumed."
+        self.condition("Suspended", "False", "MPIJobResumed", msg)
+        self.job_event("Normal", "MPIJobResumed", msg)
+
+
+class _PodGone(Exception):
+    """A pod of the job was deleted (by a test or cleanup) while the runner touched it."""
