@@ -1,6 +1,7 @@
 """What kube-apiserver does to a custom resource on create and update, from its structural schema:
 validate (422 Invalid with causes), apply `default:` values, prune unknown fields."""
 import copy
+import functools
 import re
 from pathlib import Path
 
@@ -29,8 +30,10 @@ def _strip_extensions(node):
     return node
 
 
+@functools.lru_cache(maxsize=None)
 def load_crd_schema(path=CRD_PATH):
-    crd = yaml.safe_load(Path(path).read_text())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(Path(path).read_text(), Loader=loader)
     version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
     return version["schema"]["openAPIV3Schema"]
 

@@ -100,7 +100,7 @@ class FakeKube:
     def __init__(self, token=None, history_limit=1000, crd_path=crd.CRD_PATH):
         self.token = token or secrets.token_hex(16)
         self.store = Store(history_limit)
-        self.crd = crd.CRDSchema(crd.load_crd_schema(crd_path))
+        self.crd = crd.CRDSchema(crd.load_crd_schema(crd_path))   # the schema is parsed once per process
         self.scenario = Scenario()
         self.scenarios = {}
         self.faults = Faults()
@@ -494,8 +494,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def discovery(self, parts):
         if parts == ["version"]:
-            self.send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fakekube",
-                                 "platform": "linux/amd64"})
+            self.send_json(200, {"major": "1", "minor": "31", "emulationMajor": "1", "emulationMinor": "31",
+                                 "minCompatibilityMajor": "1", "minCompatibilityMinor": "30",
+                                 "gitVersion": "v1.31.0-fakekube", "gitCommit": "0" * 40, "gitTreeState": "clean",
+                                 "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
+                                 "compiler": "gc", "platform": "linux/amd64"})
         elif parts == ["api"]:
             self.send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": self.fake.url[len("http://"):]}]})
