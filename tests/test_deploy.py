@@ -221,7 +221,10 @@ def test_every_resource_kind_is_expected():
 # --- schema validation -----------------------------------------------------------------------
 
 def _documents():
-    return [pytest.param(doc, id=f"{name}:{doc['kind']}/{doc['metadata']['name']}") for name, doc in resources()]
+    # At collection time: a listed file that is missing fails the test above, not the collection.
+    return [pytest.param(doc, id=f"{name}:{doc['kind']}/{doc['metadata']['name']}")
+            for name in kustomization()["resources"] if (KUBE / name).is_file()
+            for doc in load_documents(KUBE / name)]
 
 
 @pytest.mark.parametrize("document", _documents())
