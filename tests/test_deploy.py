@@ -553,3 +553,20 @@ def test_dockerfile_copies_only_what_the_build_context_has(path):
                 if match != ".":
                     assert not any(fnmatch.fnmatch(match, pattern) or match.startswith(pattern.rstrip("/") + "/")
                                    for pattern in ignored), f"{path}: COPY {match} is in .dockerignore"
+
+
+# --- the guide -------------------------------------------------------------------------------
+
+def test_guide_installs_mpi_operator_v082_and_its_role_example_matches():
+    guide = (DEPLOY / "KUBERNETES.md").read_text()
+    assert ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
+            "v0.8.2/deploy/v2beta1/mpi-operator.yaml") in guide
+    heredoc = re.search(r"kubectl apply -f - <<EOF\n(.*?)\nEOF\n", guide, re.S).group(1).replace("$NS", "team-x")
+    docs = [d for d in yaml.safe_load_all(heredoc) if d]
+    role = next(d for d in docs if d["kind"] == "Role")
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    (real_binding,) = of_kind("RoleBinding")
+    assert rule_triples(role["rules"]) == EXPECTED_RULES
+    assert binding["subjects"] == real_binding["subjects"] and binding["roleRef"] == real_binding["roleRef"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
