@@ -177,17 +177,19 @@ def finish(job_id, exited, stop_reason=None):
 
 
 def _failure(job, exited):
-    """Exit code, failing rank and a reason naming the rank and its last words."""
+    """Exit code, failing rank and a reason naming the rank and its last words (and what the
+    backend saw that explains it, e.g. an OOMKilled pod)."""
+    cause = f" ({exited.cause})" if exited.cause else ""
     if job.failed_rank is not None:
         tail = last_lines(job, rank=job.failed_rank, count=1)
-        reason = f"rank {job.failed_rank} exited with code {job.exit_code}"
+        reason = f"rank {job.failed_rank} exited with code {job.exit_code}" + cause
         if tail:
             reason += f": {tail[-1]}"
         return {"exit_code": job.exit_code, "failed_rank": job.failed_rank, "reason": reason[:500]}
     if exited.code is None:
-        return {"reason": exited.detail or "the launcher disappeared"}
+        return {"reason": ((exited.detail or "the launcher disappeared") + cause)[:500]}
     tail = last_lines(job, rank=None, count=1)
-    reason = (exited.detail or f"exited with code {exited.code}") + (f": {tail[-1]}" if tail else "")
+    reason = (exited.detail or f"exited with code {exited.code}") + cause + (f": {tail[-1]}" if tail else "")
     return {"exit_code": exited.code, "reason": reason[:500]}
 
 

@@ -90,6 +90,7 @@ class Waiting:
 class Exited:
     code: int | None      # None: the launcher vanished without reporting an exit code
     detail: str = ""
+    cause: str = ""       # what the backend saw that explains a failure (an OOMKilled or evicted pod)
 
 
 class Runner(ABC):

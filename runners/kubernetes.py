@@ -294,14 +294,12 @@ class _Follow:
             yield Exited(None, "the MPIJob was deleted outside Ringmaster")
             return
         detail = end.detail
-        if notes:
-            detail += " (" + "; ".join(notes) + ")"
         if not drained:
             detail += " (the launcher's log may be incomplete)"
         if end.succeeded:
             yield Exited(0, detail[:500])
         else:
-            yield Exited(code if code not in (None, 0) else None, detail[:500])
+            yield Exited(code if code not in (None, 0) else None, detail[:500], cause="; ".join(notes)[:300])
 
     def _guard(self, body):
         try:

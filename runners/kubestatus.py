@@ -33,7 +33,9 @@ def outcome(mpijob):
         return Outcome(True, done.get("message") or "MPIJob succeeded")
     failed = condition(mpijob, "Failed")
     if failed:
-        reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
+        # The operator writes "BackoffLimitExceeded/<pod reason>", the pod reason often empty.
+        reason = (failed.get("reason") or "Failed").rstrip("/")
+        message = (failed.get("message") or "").strip().rstrip(":").strip()
         return Outcome(False, f"MPIJob failed: {reason}" + (f": {message}" if message else ""))
     return None
 

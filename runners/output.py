@@ -437,6 +437,9 @@ _MNIST_TRAIN_RE = re.compile(
 )
 _MNIST_TEST_RE = re.compile(rf"Test set: Average loss: ({_NUMBER}), Accuracy: ({_NUMBER})%")
 _RANK_FAILURE_RE = re.compile(r"Process (\d+) exit with status code (-?\d+)\.")
+# Open MPI's mpirun, for a rank killed by a signal (exit code 128 + signal, as a shell reports it).
+_MPIRUN_SIGNAL_RE = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node \S+ "
+                               r"exited on signal (\d+)\b.*")
 
 
 def _finite(value: str) -> float | None:
@@ -531,8 +534,12 @@ def extract_metrics(text: str) -> list[Metric]:
 
 
 def parse_rank_failure(text: str) -> tuple[int, int] | None:
-    """``(rank, exit code)`` from horovodrun's ``Process N exit with status code X.``, else None."""
+    """``(rank, exit code)`` from horovodrun's ``Process N exit with status code X.`` or mpirun's
+    ``mpirun noticed that process rank N ... exited on signal S`` (code 128 + S), else None."""
     match = _RANK_FAILURE_RE.fullmatch(text.strip())
-    if match is None:
-        return None
-    return int(match[1]), int(match[2])
+    if match is not None:
+        return int(match[1]), int(match[2])
+    match = _MPIRUN_SIGNAL_RE.fullmatch(text.strip())
+    if match is not None:
+        return int(match[1]), 128 + int(match[2])
+    return None

@@ -108,6 +108,9 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_ke
         "PYTHONPATH": str(ROOT),
         "RINGMASTER_LOCAL_GPUS": "4",
         "RINGMASTER_FERNET_KEYS": settings.RINGMASTER_FERNET_KEYS,
+        # The Kubernetes backend against the fake API server: poll pods often, give up on a call soon.
+        "RINGMASTER_KUBE_POLL_SECONDS": "0.3",
+        "RINGMASTER_KUBE_REQUEST_SECONDS": "3",
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")

@@ -710,6 +710,11 @@ class TestParseRankFailure:
     def test_signal_code_and_whitespace(self):
         assert parse_rank_failure("  Process 12 exit with status code 143.  ") == (12, 143)
 
+    def test_mpirun_rank_killed_by_a_signal(self):
+        line = ("mpirun noticed that process rank 3 with PID 0 on node rm-job-7-worker-1.rm-job-7.team.svc "
+                "exited on signal 9 (Killed).")
+        assert parse_rank_failure(line) == (3, 137)
+
     @pytest.mark.parametrize(
         "text",
         [
