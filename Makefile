@@ -47,7 +47,7 @@ clean:
 # tables of their own database and Redis database, so these never name the portal's or the tests'.
 BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/ringmaster_bench
 BENCH_REDIS_URL    ?= redis://127.0.0.1:6379/12
-BENCHMARKS         ?= ingest latency fanout training
+BENCHMARKS         ?= ingest latency fanout training kube_submit
 
 .PHONY: bench
 bench: install test-services

@@ -88,6 +88,10 @@ def setup(reset=True):
         "RINGMASTER_LOCAL_GPUS": "8",
         "PYTHONUNBUFFERED": "1",
     })
+    if not os.environ.get("RINGMASTER_FERNET_KEYS"):    # secrets (a bench cluster's kubeconfig)
+        from cryptography.fernet import Fernet
+
+        os.environ["RINGMASTER_FERNET_KEYS"] = Fernet.generate_key().decode()
     _create_database(BENCH_DATABASE_URL)
     import django
 

@@ -156,14 +156,17 @@ class RingmasterGroupAdmin(GroupAdmin):
     inlines = [*GroupAdmin.inlines, QuotaInline]
 
 
+def write_only_secret(rows, help_text):
+    """A form field for a secret that is stored encrypted and never shown back (empty: keep it)."""
+    return forms.CharField(widget=forms.Textarea(attrs={"rows": rows, "autocomplete": "off"}), required=False,
+                           strip=False, help_text=help_text)
+
+
 class InstanceForm(forms.ModelForm):
     """The private key is write-only: a new one replaces the stored one; it is never shown."""
 
-    private_key = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "autocomplete": "off"}), required=False, strip=False,
-        help_text="Paste an unencrypted OpenSSH/PEM private key. Stored encrypted; never shown again. "
-                  "Leave empty to keep the stored key.",
-    )
+    private_key = write_only_secret(4, "Paste an unencrypted OpenSSH/PEM private key. Stored encrypted; "
+                                       "never shown again. Leave empty to keep the stored key.")
 
     class Meta:
         model = Instance
@@ -231,11 +234,8 @@ class InstanceAdmin(admin.ModelAdmin):
 class ClusterForm(forms.ModelForm):
     """The kubeconfig is write-only, like an instance's key: stored encrypted, never shown."""
 
-    kubeconfig = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "autocomplete": "off"}), required=False, strip=False,
-        help_text="Paste a self-contained kubeconfig (certificates and token inline). Stored encrypted; "
-                  "never shown again. Leave empty to keep the stored one.",
-    )
+    kubeconfig = write_only_secret(6, "Paste a self-contained kubeconfig (certificates and token inline). "
+                                      "Stored encrypted; never shown again. Leave empty to keep the stored one.")
 
     class Meta:
         model = Cluster

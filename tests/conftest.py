@@ -267,6 +267,11 @@ def make_user(db, django_user_model):
 
 
 @pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
 def api_client(make_user):
     """An API client for a fresh user with a token: client(user) -> requests.Session-like."""
     from rest_framework.authtoken.models import Token

@@ -9,11 +9,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
-@pytest.fixture
 def client(api_client, alice):
     return api_client(alice)
 

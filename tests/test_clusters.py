@@ -92,11 +92,6 @@ def test_add_cluster_in_cluster_needs_no_kubeconfig():
 
 
 @pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
-@pytest.fixture
 def alice_api(api_client, alice):
     return api_client(alice)
 

@@ -7,11 +7,6 @@ from jobs.models import Job, LogLine, Script, State
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
 def make_job(owner, image, **extra):
     script, _ = Script.objects.get_or_create(owner=owner, name="t.py", sha256="0" * 64, size=1, content="x")
     return Job.objects.create(owner=owner, image=image, gpus=1, script=script, time_limit_minutes=5, **extra)

@@ -24,11 +24,6 @@ def script(db):
 
 
 @pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
-@pytest.fixture
 def bob(make_user):
     return make_user("bob")
 

@@ -21,11 +21,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_d
 
 
 @pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
-@pytest.fixture
 def job(alice, image):
     script = Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=1, content="x")
     job = Job.objects.create(owner=alice, name="live one", image=image, gpus=2, script=script,

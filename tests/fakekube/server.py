@@ -8,6 +8,7 @@ import json
 import secrets
 import select
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -18,8 +19,8 @@ import yaml
 
 from . import schema as crd
 from .sim import JOB_NAME, JobRunner, Scenario
-from .store import (RESOURCES, ApiError, Store, already_exists, api_version, bad_request, not_found,
-                    parse_field_selector, parse_label_selector, resource_ref, rfc3339)
+from .store import (RESOURCES, ApiError, Store, api_version, bad_request, not_found,
+                    parse_field_selector, parse_label_selector, rfc3339)
 
 HTTP_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
                 410: "Gone", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -94,6 +95,12 @@ def json_patch(target, ops):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request, client_address):
+        """A client dropping a kept-alive connection is normal (a real API server says nothing)."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class FakeKube:
@@ -482,8 +489,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
             handler = getattr(self, f"op_{verb}", None)
             if handler is None:
-                raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the "
-                                                        f"requested resource")
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                                        "requested resource")
             handler(resource, ns, name, sub, body)
         except ApiError as err:
             self.send_json(err.code, err.status())

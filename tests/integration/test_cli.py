@@ -51,11 +51,6 @@ def train_py(tmp_path):
     return path
 
 
-@pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
 def cli_env(url, user, tmp_path):
     """Only what the command needs: no database URL, no secrets of the portal, no config file.
     PYTHONPATH: the installed entry point runs this checkout's code, even where the environment's

@@ -18,11 +18,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def alice(make_user):
-    return make_user("alice")
-
-
-@pytest.fixture
 def job(alice, image):
     script = Script.objects.create(owner=alice, name="t.py", sha256="0" * 64, size=1, content="x")
     job = Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
