@@ -206,6 +206,10 @@ def stop(job_id):
     if job.is_terminal or not job.cancel_requested:
         return
     if job.state == State.LAUNCHING and not job.follower:
+        runner = runner_for(job)
+        if runner.reports_running:
+            # Its launch may have created what runs it (an MPIJob) before the follower went away.
+            runner.cancel(job_spec(job))
         states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
         return
     runner_for(job).cancel(job_spec(job))

@@ -223,6 +223,18 @@ def test_unschedulable_workers_keep_the_job_launching_with_the_reason(http, fake
     assert job.state == State.SUCCEEDED, job.reason
 
 
+def test_a_job_cancelled_while_it_waits_for_nodes_leaves_nothing_on_the_cluster(http, fake, cluster):
+    fake.scenario = Scenario(unschedulable=True)
+    job_id = submit(http)
+    wait_for(lambda: Job.objects.get(pk=job_id).reason.startswith("not schedulable"), timeout=60,
+             message="the scheduling reason")
+    assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
+    job = wait_state(job_id, ENDED, timeout=60)
+    assert job.state == State.CANCELLED
+    assert fake.mpijob(NS, f"rm-job-{job_id}") is None
+    assert fake.pods(NS, selector=f"training.kubeflow.org/job-name=rm-job-{job_id}") == []
+
+
 def test_an_image_that_cannot_be_pulled_fails_after_the_grace_period(http, fake, cluster):
     fake.scenario = Scenario(image_pull_error=True)
     job_id = submit(http)
