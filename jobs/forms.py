@@ -183,7 +183,7 @@ class JobForm(forms.Form):
         return path.strip()
 
     def clean_backend(self):
-        backend = self.cleaned_data["backend"] or Backend.LOCAL
+        backend = self.cleaned_data["backend"] or settings.RINGMASTER_DEFAULT_BACKEND
         if backend not in IMPLEMENTED_BACKENDS:
             raise forms.ValidationError(f"The {backend} backend is not available on this portal yet.")
         return backend
@@ -348,6 +348,7 @@ class JobPageForm(JobForm):
                                           and (b != Backend.KUBERNETES or has_clusters)]
         if not has_clusters:
             del self.fields["cluster"]
+        self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
         self.fields["gpus"].help_text = (
             "On the local backend each GPU is one process; on a machine without GPUs they run on the CPU."
         )

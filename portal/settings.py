@@ -205,6 +205,8 @@ RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS", "")
 # horovodrun --start-timeout on GPU instances, and how long the portal waits for an instance's
 # SSH server before it calls it unreachable.
 RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS", "60"))
+# The backend of a job that names none: local, instances or kubernetes.
+RINGMASTER_DEFAULT_BACKEND = os.environ.get("RINGMASTER_DEFAULT_BACKEND", "local")
 # The Kubernetes backend: the timeout of one API call, and how often pods and events are polled.
 RINGMASTER_KUBE_REQUEST_SECONDS = float(os.environ.get("RINGMASTER_KUBE_REQUEST_SECONDS", "10"))
 RINGMASTER_KUBE_POLL_SECONDS = float(os.environ.get("RINGMASTER_KUBE_POLL_SECONDS", "2"))

@@ -190,3 +190,24 @@ def test_the_admin_never_shows_a_stored_kubeconfig(client, make_user, cluster):
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
     page = client.get(f"/admin/jobs/cluster/{cluster.pk}/change/").content.decode()
     assert "s3cr3t-token-value" not in page and cluster.kubeconfig_encrypted not in page
+
+
+def test_make_runs_seed_registers_the_cluster_kubeconfig_names(tmp_path, monkeypatch):
+    path = tmp_path / "config"
+    path.write_text(kubeconfig())
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setenv("RINGMASTER_KUBE_GPUS_PER_NODE", "4")
+    out = run("seed_demo")
+    assert "cluster default saved" in out
+    cluster = Cluster.objects.get(name="default")
+    assert (cluster.namespace, cluster.gpus_per_node) == ("default", 4)
+    assert Image.objects.get(name="horovod-0.28.1").container_image == "horovod/horovod:0.28.1"
+    run("seed_demo")
+    assert Cluster.objects.count() == 1
+
+
+def test_the_default_backend_is_a_setting(alice_api, cluster, k8s_image, settings):
+    settings.RINGMASTER_DEFAULT_BACKEND = "kubernetes"
+    response = alice_api.post("/api/jobs/", {"image": "horovod-gpu", "gpus": 2, "script_path": "/t.py"},
+                              format="json")
+    assert response.status_code == 201 and response.json()["backend"] == "kubernetes"
