@@ -306,8 +306,8 @@ def cmd_submit(client, args):
         with open(path, "rb") as handle:
             script = client.request("POST", "/api/scripts/", expect=(201,), files={"file": (path.name, handle)})
         body["script"] = script["id"]
-    for key, value in (("name", args.name), ("backend", args.backend), ("group", args.group),
-                       ("time_limit_minutes", args.time_limit)):
+    for key, value in (("name", args.name), ("backend", args.backend), ("cluster", args.cluster),
+                       ("group", args.group), ("time_limit_minutes", args.time_limit)):
         if value is not None:
             body[key] = value
     if args.env:
@@ -410,6 +410,7 @@ def build_parser():
     submit.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
                         help="an environment variable of the job (repeatable)")
     submit.add_argument("--backend", help="local, instances or kubernetes (default: the portal's)")
+    submit.add_argument("--cluster", help="kubernetes backend: the cluster (default: the only one)")
     submit.add_argument("--group", help="the group (team) the job's GPUs are charged to (default: yours)")
     submit.add_argument("--time-limit", type=int, metavar="MIN", help="time limit in minutes")
     submit.add_argument("-f", "--follow", action="store_true", help="then follow its logs to the end")

@@ -202,6 +202,10 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     assert any(line.startswith("ringmaster: image: No enabled image 'no-such-image'") for line in errors)
     stranger = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--group", "not-mine", train_py)
     assert stranger.returncode == 2 and stranger.stderr.startswith("ringmaster: group: ")
+    nowhere = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--backend", "kubernetes",
+                         "--cluster", "nowhere", train_py)
+    assert nowhere.returncode == 2
+    assert nowhere.stderr.strip() == "ringmaster: cluster: No enabled cluster 'nowhere'. Available: none."
     assert Job.objects.count() == before
 
 
