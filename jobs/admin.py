@@ -241,7 +241,8 @@ class ClusterForm(forms.ModelForm):
         model = Cluster
         fields = ["name", "enabled", "connection", "context", "namespace", "gpus_per_node", "node_selector",
                   "tolerations", "priority_class", "kueue_queue", "launcher", "cpu_per_gpu", "memory_per_gpu_gib",
-                  "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds"]
+                  "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds",
+                  "gpu_limit"]
 
     def clean(self):
         from .clusters import ClusterError, parse_kubeconfig
@@ -268,7 +269,7 @@ class ClusterForm(forms.ModelForm):
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     form = ClusterForm
-    list_display = ["name", "connection", "namespace", "gpus_per_node", "kueue_queue", "enabled"]
+    list_display = ["name", "connection", "namespace", "gpus_per_node", "gpu_limit", "kueue_queue", "enabled"]
     list_filter = ["enabled", "connection"]
     search_fields = ["name", "namespace"]
     actions = ["check_now"]

@@ -127,3 +127,31 @@ def check(cluster):
     except Exception as exc:
         return False, _message(exc)
     return True, f"reachable; MPIJobs can be listed in {namespace}"
+
+
+class ClusterUse:
+    """The clusters' part of one admission pass (under the scheduler lock): GPUs of launching
+    and running jobs per cluster, against each cluster's `gpu_limit`."""
+
+    def __init__(self):
+        from django.db.models import Sum
+
+        from .models import ACTIVE_STATES, Backend, Job
+
+        self.limits = {pk: (name, limit) for pk, name, limit in
+                       Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
+        self.in_use = dict(Job.objects.filter(backend=Backend.KUBERNETES, state__in=ACTIVE_STATES,
+                                              cluster__in=list(self.limits)).order_by()
+                           .values_list("cluster").annotate(n=Sum("gpus")).values_list("cluster", "n"))
+
+    def why_waiting(self, cluster_id, gpus):
+        if cluster_id not in self.limits:
+            return None
+        name, limit = self.limits[cluster_id]
+        in_use = self.in_use.get(cluster_id, 0)
+        if in_use + gpus > limit:
+            return f"waiting for capacity on cluster {name}: {in_use} of {limit} GPUs in use, this job needs {gpus}"
+        return None
+
+    def charge(self, cluster_id, gpus):
+        self.in_use[cluster_id] = self.in_use.get(cluster_id, 0) + gpus

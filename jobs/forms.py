@@ -212,6 +212,9 @@ class JobForm(forms.Form):
             self.add_error("cluster", f"Choose a cluster: {names}." if names else "No Kubernetes cluster is set up.")
             return
         data["cluster"] = cluster
+        gpus = data.get("gpus")
+        if cluster.gpu_limit is not None and gpus and gpus > cluster.gpu_limit and "gpus" not in self.errors:
+            self.add_error("gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
         image = data.get("image")
         if image is not None and not image.container_image:
             self.add_error("image", f"Image {image.name} has no container image, so it cannot run on Kubernetes.")

@@ -375,6 +375,10 @@ class Cluster(models.Model):
     ttl_seconds_after_finished = models.PositiveIntegerField(default=3600)
     image_pull_grace_seconds = models.PositiveIntegerField(
         default=300, help_text="A job whose image cannot be pulled fails after this long.")
+    gpu_limit = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name="GPUs at once",
+        help_text="The most GPUs of this cluster's launching and running jobs together; more wait in "
+                  "Ringmaster's queue. Empty: no limit (the cluster's scheduler or Kueue queues them).")
 
     class Meta:
         ordering = ["name"]

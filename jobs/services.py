@@ -124,20 +124,27 @@ def admit():
         book = quotas.QuotaBook()
         reserved = {}                      # constraint key -> the first job waiting on it
         slots = _Slots()                   # instance slots: locked and placed on first need
+        clusters = None                    # GPUs per cluster: read on first need
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
                  .order_by("-priority", "created_at", "id")
                  .values_list("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name",
-                              "backend", "gpus", "held", "held_by__username", "reason"))
-        for pk, owner_id, owner, group_id, group, backend, gpus, held, held_by, old_reason in queue:
+                              "backend", "cluster_id", "gpus", "held", "held_by__username", "reason"))
+        for pk, owner_id, owner, group_id, group, backend, cluster_id, gpus, held, held_by, old_reason in queue:
             if held:
                 reason = f"held by {held_by or 'an admin'}"
             else:
                 constraints = book.constraints(owner_id, owner, group_id, group, backend)
-                reason = _why_waiting(book, reserved, pk, constraints, backend, gpus, slots)
+                if backend == Backend.KUBERNETES and clusters is None:
+                    from .clusters import ClusterUse
+
+                    clusters = ClusterUse()
+                reason = _why_waiting(book, reserved, pk, constraints, backend, gpus, slots, (clusters, cluster_id))
                 if reason is None:
                     if states.transition(pk, State.LAUNCHING, message=slots.admitted_message(pk),
                                          expect={State.QUEUED}):
                         slots.allocate(pk)
+                        if backend == Backend.KUBERNETES:
+                            clusters.charge(cluster_id, gpus)
                         # A pending claim: reconcile leaves the job to the run_job task sent below.
                         Job.objects.filter(pk=pk).update(follower_heartbeat=timezone.now())
                         book.charge(constraints, gpus, backend)
@@ -177,8 +184,9 @@ class _Slots:
             self.pool.allocate(pk, self.plans.pop(pk))
 
 
-def _why_waiting(book, reserved, pk, constraints, backend, gpus, slots=None):
-    """Why this job cannot be admitted now (reserving what it waits for), or None: admit it."""
+def _why_waiting(book, reserved, pk, constraints, backend, gpus, slots=None, cluster=(None, None)):
+    """Why this job cannot be admitted now (reserving what it waits for), or None: admit it.
+    `cluster`: (jobs.clusters.ClusterUse, the job's cluster id) for a kubernetes job."""
     never = book.never_fits(constraints, gpus)
     if never:
         return f"can never start: {never}"
@@ -197,6 +205,15 @@ def _why_waiting(book, reserved, pk, constraints, backend, gpus, slots=None):
         reason = (slots or _Slots()).place(pk, gpus)
         if reason is not None:
             reserved[("capacity", backend)] = pk
+        return reason
+    if backend == Backend.KUBERNETES:
+        use, cluster_id = cluster
+        key = ("capacity", backend, cluster_id)
+        if key in reserved:
+            return "waiting behind an earlier job for capacity on its cluster"
+        reason = use.why_waiting(cluster_id, gpus) if use else None
+        if reason is not None:
+            reserved[key] = pk
         return reason
     capacity = backend_capacity(backend)
     if capacity is None:

@@ -211,3 +211,31 @@ def test_the_default_backend_is_a_setting(alice_api, cluster, k8s_image, setting
     response = alice_api.post("/api/jobs/", {"image": "horovod-gpu", "gpus": 2, "script_path": "/t.py"},
                               format="json")
     assert response.status_code == 201 and response.json()["backend"] == "kubernetes"
+
+
+def test_a_clusters_gpu_limit_holds_jobs_in_the_portals_queue_with_the_reason(alice, cluster, k8s_image):
+    from jobs import services
+
+    cluster.gpu_limit = 4
+    cluster.save()
+    other = Cluster.objects.create(name="gpu-west", namespace="training", gpus_per_node=8)
+
+    def job(on, gpus=2):
+        return Job.objects.create(owner=alice, image=k8s_image, gpus=gpus, script_path="/t.py", cluster=on,
+                                  backend=Backend.KUBERNETES, time_limit_minutes=5).pk
+
+    first, second, third, elsewhere = job(cluster), job(cluster), job(cluster), job(other, 8)
+    assert sorted(services.admit()) == sorted([first, second, elsewhere])
+    waiting = Job.objects.get(pk=third)
+    assert waiting.state == "QUEUED"
+    assert waiting.reason == "waiting for capacity on cluster gpu-east: 4 of 4 GPUs in use, this job needs 2"
+    Job.objects.filter(pk=first).update(state="SUCCEEDED")
+    assert services.admit() == [third]
+
+
+def test_a_job_larger_than_the_clusters_gpu_limit_is_refused_naming_it(alice_api, cluster, k8s_image):
+    cluster.gpu_limit = 8
+    cluster.save()
+    response = submit(alice_api, gpus=16)
+    assert response.status_code == 400
+    assert response.json()["gpus"] == ["Cluster gpu-east runs at most 8 GPUs at once."]

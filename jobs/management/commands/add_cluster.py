@@ -37,6 +37,8 @@ class Command(BaseCommand):
         parser.add_argument("--kueue-queue", default="", help="Kueue LocalQueue name")
         parser.add_argument("--launcher", choices=Cluster.Launcher.values, default=Cluster.Launcher.MPIRUN)
         parser.add_argument("--backoff-limit", type=int, default=None)
+        parser.add_argument("--gpu-limit", type=int, default=None,
+                            help="most GPUs of this cluster's jobs at once (default: no limit)")
         parser.add_argument("--disabled", action="store_true")
         parser.add_argument("--no-check", action="store_true", help="do not connect now")
 
@@ -65,6 +67,7 @@ class Command(BaseCommand):
         cluster.launcher, cluster.enabled = o["launcher"], not o["disabled"]
         if o["backoff_limit"] is not None:
             cluster.backoff_limit = o["backoff_limit"]
+        cluster.gpu_limit = o["gpu_limit"]
         cluster.full_clean()
         cluster.save()
         self.stdout.write(f"cluster {cluster.name} saved")
