@@ -3,11 +3,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, Sum
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from . import accounting, quotas, services
-from .models import ACTIVE_STATES, Backend, Job, State
+from .models import ACTIVE_STATES, Backend, Cluster, Job, State
 
 MAX_DAYS = 366
 QUEUE_ON_PAGE = 200
@@ -56,6 +57,14 @@ def _hours(summed):
     return [(*key, seconds / 3600) for key, seconds in sorted(summed.items())]
 
 
+def _cluster_rows():
+    """Per Kubernetes cluster: GPUs in use (launching and running), its limit, jobs active and queued."""
+    active = Q(jobs__state__in=ACTIVE_STATES)
+    return list(Cluster.objects.annotate(
+        in_use=Sum("jobs__gpus", filter=active, default=0), active=Count("jobs", filter=active),
+        queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
+
+
 @login_required
 def cluster(request):
     """Staff: capacity and use per backend, quotas and their use, the queue with its reasons,
@@ -76,6 +85,7 @@ def cluster(request):
             continue
         backends.append({"name": backend.value, "label": backend.label, "capacity": capacity,
                          "in_use": book.backend_gpus(backend), "active": active, "queued": queued})
+    clusters = _cluster_rows()
     quota_rows = []
     for (kind, ident, backend), row in book.rows.items():
         name = row.user.get_username() if row.user_id else row.group.name
@@ -89,6 +99,7 @@ def cluster(request):
     usage = accounting.daily_usage(days[0], days[-1])
     return render(request, "jobs/cluster.html", {
         "backends": backends,
+        "clusters": clusters,
         "site_default": quotas.describe_limits(book.site),
         "quota_rows": [(scope, limits, quotas.describe(limits, use)) for scope, limits, use in quota_rows],
         "queue": queue,

@@ -239,3 +239,16 @@ def test_a_job_larger_than_the_clusters_gpu_limit_is_refused_naming_it(alice_api
     response = submit(alice_api, gpus=16)
     assert response.status_code == 400
     assert response.json()["gpus"] == ["Cluster gpu-east runs at most 8 GPUs at once."]
+
+
+def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_user, alice, cluster, k8s_image):
+    cluster.gpu_limit = 16
+    cluster.save()
+    for state in ("RUNNING", "LAUNCHING", "QUEUED", "SUCCEEDED"):
+        Job.objects.create(owner=alice, image=k8s_image, gpus=4, script_path="/t.py", cluster=cluster, state=state,
+                           backend=Backend.KUBERNETES, time_limit_minutes=5)
+    client.force_login(make_user("root", is_staff=True))
+    page = client.get("/cluster/").content.decode()
+    row = page[page.index('data-cluster="gpu-east"'):].split("</tr>")[0]
+    cells = [cell.split(">", 1)[1].split("<")[0] for cell in row.split("<td")[1:]]
+    assert cells[2:6] == ["8", "16", "2", "1"]          # in use, limit, active, queued
