@@ -100,6 +100,10 @@ class KubernetesRunner(Runner):
                     mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, body,
                     _request_timeout=self.timings.request_seconds), False
             except ApiException as exc:
+                if exc.status == 404:
+                    raise KubernetesError(
+                        f"{self.cluster_name}: {_message(exc)} (is mpi-operator v0.8 installed, serving "
+                        f"{mpijob.API_VERSION}, and does namespace {self.namespace} exist?)") from exc
                 if exc.status != 409:
                     raise
             existing = self._get_mpijob(spec)

@@ -235,6 +235,16 @@ def test_a_job_cancelled_while_it_waits_for_nodes_leaves_nothing_on_the_cluster(
     assert fake.pods(NS, selector=f"training.kubeflow.org/job-name=rm-job-{job_id}") == []
 
 
+def test_a_cluster_without_the_mpijob_crd_fails_the_launch_saying_what_is_missing(http, fake, cluster):
+    fake.faults.errors = {("create", "mpijobs"): [404]}
+    job_id = submit(http)
+    job = wait_state(job_id, ENDED)
+    assert job.state == State.FAILED
+    assert job.reason.startswith("launch failed: fake: ")
+    assert job.reason.endswith(f"(is mpi-operator v0.8 installed, serving kubeflow.org/v2beta1, and does "
+                               f"namespace {NS} exist?)"), job.reason
+
+
 def test_an_image_that_cannot_be_pulled_fails_after_the_grace_period(http, fake, cluster):
     fake.scenario = Scenario(image_pull_error=True)
     job_id = submit(http)
