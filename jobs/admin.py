@@ -156,6 +156,14 @@ class RingmasterGroupAdmin(GroupAdmin):
     inlines = [*GroupAdmin.inlines, QuotaInline]
 
 
+def report_checks(model_admin, request, queryset, check, words):
+    """Run `check(obj) -> (ok, what)` on each selected row and say how each went."""
+    for obj in queryset:
+        ok, what = check(obj)
+        model_admin.message_user(request, f"{obj.name}: {words[0] if ok else words[1]}: {what}",
+                                 messages.SUCCESS if ok else messages.WARNING)
+
+
 def write_only_secret(rows, help_text):
     """A form field for a secret that is stored encrypted and never shown back (empty: keep it)."""
     return forms.CharField(widget=forms.Textarea(attrs={"rows": rows, "autocomplete": "off"}), required=False,
@@ -225,10 +233,7 @@ class InstanceAdmin(admin.ModelAdmin):
     def check_health_now(self, request, queryset):
         from . import instances
 
-        for instance in queryset:
-            ok, reason = instances.check(instance)
-            self.message_user(request, f"{instance.name}: {'healthy' if ok else 'unhealthy'}: {reason}",
-                              messages.SUCCESS if ok else messages.WARNING)
+        report_checks(self, request, queryset, instances.check, ("healthy", "unhealthy"))
 
 
 class ClusterForm(forms.ModelForm):
@@ -278,7 +283,4 @@ class ClusterAdmin(admin.ModelAdmin):
     def check_now(self, request, queryset):
         from . import clusters
 
-        for cluster in queryset:
-            ok, what = clusters.check(cluster)
-            self.message_user(request, f"{cluster.name}: {'ok' if ok else 'failed'}: {what}",
-                              messages.SUCCESS if ok else messages.WARNING)
+        report_checks(self, request, queryset, clusters.check, ("ok", "failed"))

@@ -53,6 +53,9 @@ def _transient(exc):
 
 
 def _message(exc):
+    """What went wrong, in a line a user can act on (an API server's own message where it gave one)."""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        return f"cannot reach the API server: {str(exc.reason).rpartition('): ')[2]}"
     if isinstance(exc, ApiException):
         try:
             return json.loads(exc.body).get("message") or exc.reason

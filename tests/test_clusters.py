@@ -57,7 +57,8 @@ def test_add_cluster_stores_the_kubeconfig_encrypted_and_reports_the_check(tmp_p
     path.write_text(kubeconfig())
     out = run("add_cluster", "--name", "gpu-east", "--kubeconfig", str(path), "--namespace", "training",
               "--gpus-per-node", "8", "--node-selector", '{"gpu": "a100"}', "--kueue-queue", "team")
-    assert "cluster gpu-east saved" in out and "check: FAILED" in out     # nobody listens there
+    assert "cluster gpu-east saved" in out
+    assert "check: FAILED: cannot reach the API server: Failed to establish a new connection: [Errno 111] Connection refused" in out  # nobody listens
     cluster = Cluster.objects.get(name="gpu-east")
     assert (cluster.namespace, cluster.gpus_per_node, cluster.node_selector, cluster.kueue_queue) == (
         "training", 8, {"gpu": "a100"}, "team")
@@ -252,3 +253,11 @@ def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_u
     row = page[page.index('data-cluster="gpu-east"'):].split("</tr>")[0]
     cells = [cell.split(">", 1)[1].split("<")[0] for cell in row.split("<td")[1:]]
     assert cells[2:6] == ["8", "16", "2", "1"]          # in use, limit, active, queued
+
+
+def test_the_admins_check_action_reports_an_unreachable_cluster(client, make_user, cluster):
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    page = client.post("/admin/jobs/cluster/", {"action": "check_now", "_selected_action": [cluster.pk]},
+                       follow=True).content.decode()
+    assert "gpu-east: failed: cannot reach the api server: failed to establish a new connection: [errno 111] connection refused" in page.lower()
+    assert "s3cr3t-token-value" not in page
