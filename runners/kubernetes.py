@@ -156,6 +156,17 @@ class KubernetesRunner(Runner):
     def cancel(self, spec):
         """Delete the MPIJob (its pods first) and the script's ConfigMap; return once the MPIJob
         and its pods are gone (or after Timings.cancel_seconds)."""
+        self.delete(spec)
+        deadline = time.monotonic() + self.timings.cancel_seconds
+        while time.monotonic() < deadline:
+            if self._get_mpijob(spec) is None and not self._pods(spec):
+                return
+            time.sleep(min(self.timings.poll_seconds, 1))
+        log.warning("job %s: the MPIJob's pods were still there %s s after the delete",
+                    spec.job_id, self.timings.cancel_seconds)
+
+    def delete(self, spec):
+        """Ask for the MPIJob (foreground: its pods go first) and the ConfigMap to be deleted."""
         options = client.V1DeleteOptions(propagation_policy="Foreground")
         for delete in (
             lambda: self.custom.delete_namespaced_custom_object(
@@ -169,13 +180,6 @@ class KubernetesRunner(Runner):
             except KubernetesError as exc:
                 if not isinstance(exc.__cause__, ApiException) or exc.__cause__.status != 404:
                     raise
-        deadline = time.monotonic() + self.timings.cancel_seconds
-        while time.monotonic() < deadline:
-            if self._get_mpijob(spec) is None and not self._pods(spec):
-                return
-            time.sleep(min(self.timings.poll_seconds, 1))
-        log.warning("job %s: the MPIJob's pods were still there %s s after the delete",
-                    spec.job_id, self.timings.cancel_seconds)
 
     # --- follow ------------------------------------------------------------------------
 
@@ -257,7 +261,7 @@ class _Follow:
                     events = []
                 rejected = kubestatus.validation_error(events)
                 if rejected:
-                    self.runner.cancel(self.spec)
+                    self.runner.delete(self.spec)
                     yield Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500])
                     return
                 trouble = kubestatus.pod_trouble(pods)
@@ -270,7 +274,7 @@ class _Follow:
                 if trouble.pull_error:
                     pull_since = pull_since or now
                     if now - pull_since >= self.timings.image_pull_grace_seconds and not running_told:
-                        self.runner.cancel(self.spec)
+                        self.runner.delete(self.spec)
                         yield Exited(None, f"image pull failed for {self.timings.image_pull_grace_seconds:.0f} s: "
                                            f"{trouble.pull_error}"[:500])
                         return
