@@ -33,6 +33,41 @@ def namespace_for(cluster, group):
     return namespace
 
 
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+
+
+def cluster_problems(cluster):
+    """{field: [message]} for settings no MPIJob on `cluster` could be created with."""
+    from runners.base import JobSpec
+
+    problems = {}
+    sample = cluster.namespace.replace("{group}", "group")
+    if len(sample) > 63 or not _DNS_LABEL.match(sample):
+        problems["namespace"] = ["Must be a namespace name (lowercase letters, digits and -), "
+                                 "optionally with {group} in it."]
+    if len(cluster.kueue_queue) > 63 or not _LABEL_VALUE.match(cluster.kueue_queue):
+        problems["kueue_queue"] = ["Must be a valid label value (a LocalQueue name)."]
+    if not isinstance(cluster.node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in cluster.node_selector.items()):
+        problems["node_selector"] = ['Must be an object of label names to strings, e.g. {"gpu": "a100"}.']
+    if not isinstance(cluster.tolerations, list) or not all(isinstance(t, dict) for t in cluster.tolerations):
+        problems["tolerations"] = ["Must be a list of tolerations (objects)."]
+    if problems or not cluster.gpus_per_node:
+        return problems
+    spec = JobSpec(job_id=1, gpus=cluster.gpus_per_node, python="python", script_name="", script_content=None,
+                   script_path="/train.py", container_image="image")
+    for problem in mpijob.schema_problems(mpijob.new_mpijob(spec, cluster_spec(cluster, _SampleGroup))):
+        field = ("tolerations" if ".tolerations" in problem else "priority_class"
+                 if "priorityClassName" in problem else "node_selector" if "nodeSelector" in problem else None)
+        problems.setdefault(field or "__all__", []).append(problem)
+    return problems
+
+
+class _SampleGroup:
+    name = "group"
+
+
 def cluster_spec(cluster, group=None):
     return mpijob.ClusterSpec(
         namespace=namespace_for(cluster, group),

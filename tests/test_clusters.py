@@ -261,3 +261,19 @@ def test_the_admins_check_action_reports_an_unreachable_cluster(client, make_use
                        follow=True).content.decode()
     assert "gpu-east: failed: cannot reach the api server: failed to establish a new connection: [errno 111] connection refused" in page.lower()
     assert "s3cr3t-token-value" not in page
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--namespace", "Team_A", "namespace: Must be a namespace name"),
+    ("--kueue-queue", "bad queue!", "kueue_queue: Must be a valid label value"),
+    ("--node-selector", '{"gpu": 1}', "node_selector: Must be an object of label names to strings"),
+    ("--tolerations", '[{"key": "gpu", "tolerationSeconds": "soon"}]', "tolerations: "),
+])
+def test_add_cluster_refuses_settings_no_mpijob_could_have_naming_the_field(tmp_path, option, value, message):
+    path = tmp_path / "kubeconfig"
+    path.write_text(kubeconfig())
+    argv = {"--namespace": "training", "--gpus-per-node": "8", option: value}
+    with pytest.raises(CommandError, match=message):
+        run("add_cluster", "--name", "x", "--kubeconfig", str(path), "--no-check",
+            *[word for pair in argv.items() for word in pair])
+    assert not Cluster.objects.exists()

@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import clusters
@@ -68,7 +68,11 @@ class Command(BaseCommand):
         if o["backoff_limit"] is not None:
             cluster.backoff_limit = o["backoff_limit"]
         cluster.gpu_limit = o["gpu_limit"]
-        cluster.full_clean()
+        try:
+            cluster.full_clean()
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{field}: {' '.join(messages)}"
+                                         for field, messages in exc.message_dict.items())) from None
         cluster.save()
         self.stdout.write(f"cluster {cluster.name} saved")
         if not o["no_check"]:
