@@ -538,6 +538,23 @@ def machine():
     return f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
+def add_web_options(parser):
+    """--web-env and --uvicorn-arg, for benchmarks that compare uvicorn settings."""
+    parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an extra setting for uvicorn, e.g. DATABASE_CONN_MAX_AGE=60 (repeatable)")
+    parser.add_argument("--uvicorn-arg", action="append", default=[], metavar="ARG",
+                        help="an extra uvicorn option, e.g. --uvicorn-arg=--ws-per-message-deflate=false")
+
+
+def start_web(services, args):
+    """uvicorn with the settings of add_web_options; returns its URL."""
+    web_env = dict(item.split("=", 1) for item in args.web_env)
+    url = services.web(web_env, args.uvicorn_arg)
+    if web_env or args.uvicorn_arg:
+        print(f"uvicorn runs with {web_env} {' '.join(args.uvicorn_arg)}")
+    return url
+
+
 def header(title):
     print(f"== {title} ==")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}   machine: {machine()}")

@@ -68,12 +68,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--grace", type=float, default=60, help="seconds viewers may lag behind the end")
     parser.add_argument("--procs", type=int, default=2, help="helper processes the viewers are spread over")
-    parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an extra setting for uvicorn, e.g. DATABASE_CONN_MAX_AGE=60 (repeatable)")
-    parser.add_argument("--uvicorn-arg", action="append", default=[], metavar="ARG",
-                        help="an extra uvicorn option, e.g. --uvicorn-arg=--ws-per-message-deflate=false")
+    common.add_web_options(parser)
     args = parser.parse_args()
-    web_env = dict(item.split("=", 1) for item in args.web_env)
 
     common.setup()
     common.header(f"fan-out: {args.viewers} websocket viewers vs 1 at {args.rate:,.0f} lines/s")
@@ -82,9 +78,7 @@ def main():
     user, token = common.bench_user()
     figures = {1: [], args.viewers: []}
     with common.Services() as services:
-        url = services.web(web_env, args.uvicorn_arg)
-        if web_env or args.uvicorn_arg:
-            print(f"uvicorn runs with {web_env} {' '.join(args.uvicorn_arg)}")
+        url = common.start_web(services, args)
         one_round(url, user, token, 1, args.rate, 1, args.ranks, 10, 1)          # warm-up
         for round_ in range(args.rounds):
             for count in (1, args.viewers):

@@ -111,12 +111,8 @@ def main():
     parser.add_argument("--rate", type=float, default=500, help="lines/s of each rank")
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--web-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an extra setting for uvicorn, e.g. DATABASE_CONN_MAX_AGE=60 (repeatable)")
-    parser.add_argument("--uvicorn-arg", action="append", default=[], metavar="ARG",
-                        help="an extra uvicorn option, e.g. --uvicorn-arg=--ws-per-message-deflate=false")
+    common.add_web_options(parser)
     args = parser.parse_args()
-    web_env = dict(item.split("=", 1) for item in args.web_env)
 
     import requests
 
@@ -126,9 +122,7 @@ def main():
     common.bench_image()
     runs = []
     with common.Services() as services:
-        url = services.web(web_env, args.uvicorn_arg)
-        if web_env or args.uvicorn_arg:
-            print(f"uvicorn runs with {web_env} {' '.join(args.uvicorn_arg)}")
+        url = common.start_web(services, args)
         web = services.started[-1]
         worker = services.worker(concurrency=4)
         session = requests.Session()

@@ -104,13 +104,6 @@ def submit(env, script, *args, gpus=2, name="cli test"):
     return int(result.stdout.strip())
 
 
-def wait_state(job_id, states, timeout=120):
-    def reached():
-        job = Job.objects.get(pk=job_id)
-        return job if job.state in states else None
-    return wait_for(reached, timeout=timeout, interval=0.2, message=f"job {job_id} to reach {states}")
-
-
 def expected_output(job_id):
     """Every stored line of the job, in seq order, as the command prints it."""
     return [format_line({"rank": rank_label(l.rank), "stream": l.stream, "text": l.text})
