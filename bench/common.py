@@ -131,7 +131,7 @@ def bench_image():
 
 def running_job(user, gpus=8, name="bench"):
     """A job in RUNNING state, as if launched: what a follower re-attaches to."""
-    from jobs import states
+    from jobs.domain import states
     from jobs.models import Job, State
 
     job = Job.objects.create(owner=user, image=bench_image(), gpus=gpus, script_path="bench.py",
@@ -352,12 +352,12 @@ def start_paced_writer(job_id, rate, seconds, ranks, seed=0):
 
 
 def follow_in_thread(job_id):
-    """Run the real follower (jobs.follow.run) of a job in a thread; returns the thread, whose
+    """Run the real follower (jobs.domain.follow.run) of a job in a thread; returns the thread, whose
     .done_at is the time.time() it returned."""
     def target():
         from django.db import connection
 
-        from jobs import follow
+        from jobs.domain import follow
 
         try:
             follow.run(job_id)

@@ -2,7 +2,7 @@
 
 A helper process plays horovodrun for the local runner (it appends stamped, tagged lines of 8
 ranks to the job's output.log at the rate, and is the job's pid until it writes exit_code); the
-real follower (jobs.follow.run) stores and announces them; N viewers, connected to a real
+real follower (jobs.domain.follow.run) stores and announces them; N viewers, connected to a real
 uvicorn with the Redis channel layer from seq 0, each check that they got every seq once and
 in order, and measure lag = time received - time the line was written. Rounds alternate the
 single viewer (baseline) and the N viewers (subject); medians over rounds are reported.

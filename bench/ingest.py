@@ -2,8 +2,8 @@
 PostgreSQL COPY of the same lines into the same table.
 
 Portal path (the subject): the job's output.log is written in full, then the real follower
-(jobs.follow.run: runners.local reads it in its own chunks of up to 1 MiB, runners.output splits
-it, jobs.logstore.append_output stores every chunk's lines and metric points and announces
+(jobs.domain.follow.run: runners.local reads it in its own chunks of up to 1 MiB, runners.output splits
+it, jobs.domain.logstore.append_output stores every chunk's lines and metric points and announces
 them) runs to the job's end, while one websocket viewer connected to a real uvicorn with the
 Redis channel layer receives every line. Throughput = lines / (last line received by the viewer
 - follower start). Baseline: the same lines, already split, formatted and sent with one COPY
@@ -51,7 +51,7 @@ def copy_run(user, lines):
 
 def portal_run(url, user, token, data, expected_lines, expected_points):
     """(seconds until stored, seconds until the viewer had every line) through the portal."""
-    from jobs import follow
+    from jobs.domain import follow
     from jobs.models import LogLine, MetricPoint, State
 
     job = common.running_job(user, gpus=64, name="ingest")

@@ -89,7 +89,7 @@ def main():
     from kubernetes import client, config
 
     common.setup()
-    from jobs.clusters import render
+    from jobs.backends.clusters import render
     from jobs.models import Cluster, Image, Job
     from tests.fakekube import FakeKube, Scenario
 

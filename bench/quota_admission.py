@@ -1,4 +1,4 @@
-"""Admission pass: jobs.services.admit() over 10,000 queued jobs of 1,000 users, against a bare
+"""Admission pass: jobs.domain.scheduler.admit() over 10,000 queued jobs of 1,000 users, against a bare
 query of the same queued rows in the same run.
 
 The cluster: 1,000 users in 50 groups of 20 (each group a pooled quota of 64 GPUs and 20,000
@@ -96,11 +96,11 @@ def timed_admit():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs import services
+    from jobs.domain import scheduler
 
     with CaptureQueriesContext(connection) as queries:
         start = time.perf_counter()
-        admitted = services.admit()
+        admitted = scheduler.admit()
         elapsed = time.perf_counter() - start
     return elapsed, len(admitted), len(queries)
 

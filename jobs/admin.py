@@ -6,9 +6,10 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
 from django.template.response import TemplateResponse
 
-from . import services
-from .forms import MAX_PRIORITY
-from .models import Cluster, Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
+from jobs import backends
+from jobs.domain import services
+from jobs.web.forms import MAX_PRIORITY
+from jobs.models import Cluster, Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
 
 
 @admin.register(Image)
@@ -108,10 +109,26 @@ class JobAdmin(admin.ModelAdmin):
         })
 
 
+def backend_choices():
+    return [("", "all backends")] + [(b.name, b.label) for b in backends.enabled()]
+
+
+class QuotaForm(forms.ModelForm):
+    """The backend is one of the enabled backends, or empty: all of them together."""
+
+    backend = forms.TypedChoiceField(choices=backend_choices, required=False, empty_value="")
+
+    class Meta:
+        model = Quota
+        fields = "__all__"
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     """Quotas per user or group, optionally per backend. Every change is kept in the row's
     History (who changed what, when)."""
+
+    form = QuotaForm
 
     list_display = ["__str__", "gpus", "jobs", "gpus_per_job", "gpu_hours", "window_days", "updated_at"]
     list_filter = ["backend", ("group", admin.RelatedOnlyFieldListFilter)]
@@ -128,6 +145,7 @@ class QuotaAdmin(admin.ModelAdmin):
 
 class QuotaInline(admin.TabularInline):
     model = Quota
+    form = QuotaForm
     extra = 0
     fields = ["backend", "gpus", "jobs", "gpus_per_job", "gpu_hours", "window_days"]
 
@@ -231,7 +249,7 @@ class InstanceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Check health now (over SSH)")
     def check_health_now(self, request, queryset):
-        from . import instances
+        from jobs.backends import instances
 
         report_checks(self, request, queryset, instances.check, ("healthy", "unhealthy"))
 
@@ -250,7 +268,7 @@ class ClusterForm(forms.ModelForm):
                   "gpu_limit"]
 
     def clean(self):
-        from .clusters import ClusterError, parse_kubeconfig
+        from jobs.backends.clusters import ClusterError, parse_kubeconfig
 
         data = super().clean()
         text = data.get("kubeconfig") or ""
@@ -281,6 +299,6 @@ class ClusterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Check now (list MPIJobs on the cluster)")
     def check_now(self, request, queryset):
-        from . import clusters
+        from jobs.backends import clusters
 
         report_checks(self, request, queryset, clusters.check, ("ok", "failed"))

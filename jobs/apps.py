@@ -6,4 +6,4 @@ class JobsConfig(AppConfig):
     verbose_name = "Training jobs"
 
     def ready(self):
-        from . import quotas  # noqa: F401  (connects its signal receivers)
+        from jobs.domain import receivers  # noqa: F401  (connects the domain's signal receivers)

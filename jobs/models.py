@@ -1,6 +1,6 @@
 """The domain: images, scripts, jobs, and what a job leaves behind (events, log lines, metrics).
 
-A job's state changes only through jobs.states.transition().
+A job's state changes only through jobs.domain.states.transition().
 """
 from django.conf import settings
 from django.contrib.auth.models import Group
@@ -69,12 +69,6 @@ TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
 ACTIVE_STATES = frozenset({State.LAUNCHING, State.RUNNING})
 
 
-class Backend(models.TextChoices):
-    LOCAL = "local", "This machine (horovodrun)"
-    INSTANCES = "instances", "GPU instances over SSH"
-    KUBERNETES = "kubernetes", "Kubernetes (MPIJob)"
-
-
 class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=100, blank=True)
@@ -84,12 +78,13 @@ class Job(models.Model):
     script_path = models.CharField(max_length=1024, blank=True)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
-    backend = models.CharField(max_length=20, choices=Backend.choices, default=Backend.LOCAL)
+    backend = models.CharField(max_length=20, default="local",
+                               help_text="The name of an enabled backend (settings.RINGMASTER_BACKENDS).")
     cluster = models.ForeignKey("Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
                                 help_text="Where a kubernetes job runs.")
     time_limit_minutes = models.PositiveIntegerField()
 
-    # Scheduling: higher priority first, then earlier submission (jobs.services.admit). The job's
+    # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.
     priority = models.IntegerField(default=0)
     charged_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL,
@@ -213,7 +208,7 @@ class Quota(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
                              related_name="quotas")
     group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
-    backend = models.CharField(max_length=20, choices=Backend.choices, blank=True,
+    backend = models.CharField(max_length=20, blank=True,
                                help_text="Empty: the limits hold for all backends together.")
     gpus = models.PositiveIntegerField(null=True, blank=True, verbose_name="GPUs at once",
                                        help_text="GPUs of launching and running jobs together.")
@@ -305,12 +300,12 @@ class Instance(models.Model):
         return self.name
 
     def set_private_key(self, text):
-        from .secrets import encrypt
+        from jobs.secrets import encrypt
 
         self.private_key_encrypted = encrypt(text)
 
     def private_key(self):
-        from .secrets import decrypt
+        from jobs.secrets import decrypt
 
         return decrypt(self.private_key_encrypted)
 
@@ -389,18 +384,18 @@ class Cluster(models.Model):
 
     def clean(self):
         """What the API server would refuse in every MPIJob of this cluster, named by field."""
-        from .clusters import cluster_problems
+        from jobs.backends.clusters import cluster_problems
 
         problems = cluster_problems(self)
         if problems:
             raise ValidationError(problems)
 
     def set_kubeconfig(self, text):
-        from .secrets import encrypt
+        from jobs.secrets import encrypt
 
         self.kubeconfig_encrypted = encrypt(text)
 
     def kubeconfig(self):
-        from .secrets import decrypt
+        from jobs.secrets import decrypt
 
         return decrypt(self.kubeconfig_encrypted) if self.kubeconfig_encrypted else ""

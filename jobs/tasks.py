@@ -1,14 +1,18 @@
-"""Celery tasks. Thin: each loads what it needs and calls a service or the follower."""
+"""Celery tasks. Thin: each loads what it needs and calls the scheduler, a service or the follower.
+
+The domain never imports this module: it queues these tasks by name (jobs.taskqueue).
+"""
 from celery import shared_task
 from celery.signals import worker_ready
 
-from . import follow, services
+from jobs.backends import instances
+from jobs.domain import follow, scheduler
 
 
 @shared_task(acks_late=True)
 def dispatch(job_id=None):
     """Admit queued jobs as quotas and capacity allow (job_id: the job that prompted it, for the log)."""
-    return services.admit()
+    return scheduler.admit()
 
 
 @shared_task
@@ -25,14 +29,12 @@ def stop_job(job_id):
 @shared_task
 def check_instances():
     """Health of every enabled GPU instance over SSH (from beat, and on demand)."""
-    from . import instances
-
     return {name: ok for name, (ok, _) in instances.check_all().items()}
 
 
 @shared_task
 def reconcile():
-    return follow.reconcile()
+    return scheduler.reconcile()
 
 
 @worker_ready.connect

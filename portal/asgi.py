@@ -9,8 +9,8 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from jobs.websocket_routing import websocket_urlpatterns  # noqa: E402
-from jobs.websocket_auth import OriginOrTokenValidator, TokenOrSessionAuthMiddleware  # noqa: E402
+from jobs.web.websocket_routing import websocket_urlpatterns  # noqa: E402
+from jobs.web.websocket_auth import OriginOrTokenValidator, TokenOrSessionAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -207,6 +207,13 @@ RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS", "")
 RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS", "60"))
 # The backend of a job that names none: local, instances or kubernetes.
 RINGMASTER_DEFAULT_BACKEND = os.environ.get("RINGMASTER_DEFAULT_BACKEND", "local")
+# The enabled backends, by dotted path (jobs.backends.base.Backend subclasses): a job's `backend`
+# is one of their names. Space- or comma-separated in the environment.
+RINGMASTER_BACKENDS = os.environ.get(
+    "RINGMASTER_BACKENDS",
+    "jobs.backends.local.LocalBackend jobs.backends.instances.InstancesBackend "
+    "jobs.backends.kubernetes.KubernetesBackend",
+).replace(",", " ").split()
 # The Kubernetes backend: the timeout of one API call, and how often pods and events are polled.
 RINGMASTER_KUBE_REQUEST_SECONDS = float(os.environ.get("RINGMASTER_KUBE_REQUEST_SECONDS", "10"))
 RINGMASTER_KUBE_POLL_SECONDS = float(os.environ.get("RINGMASTER_KUBE_POLL_SECONDS", "2"))
@@ -219,7 +226,7 @@ def env_limit(name):
     return float(value) if "." in value else (int(value) if value else None)
 
 
-# Site default quota of every user who has no quota row of their own (jobs.quotas). Unset: no
+# Site default quota of every user who has no quota row of their own (jobs.domain.quotas). Unset: no
 # limit of that kind. Group quotas exist only where an admin sets them.
 RINGMASTER_DEFAULT_QUOTA_GPUS = env_limit("RINGMASTER_DEFAULT_QUOTA_GPUS")
 RINGMASTER_DEFAULT_QUOTA_JOBS = env_limit("RINGMASTER_DEFAULT_QUOTA_JOBS")

@@ -8,6 +8,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/", include("jobs.api_urls")),
-    path("", include("jobs.urls")),
+    path("api/", include("jobs.web.api_urls")),
+    path("", include("jobs.web.urls")),
 ]

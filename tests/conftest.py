@@ -210,19 +210,19 @@ def http(live_portal, celery_worker, image, make_user):
 
 
 def admit_from_threads(count=8, join_timeout=60):
-    """Run jobs.services.admit() from `count` threads released at once: (admitted ids, errors)."""
+    """Run jobs.domain.scheduler.admit() from `count` threads released at once: (admitted ids, errors)."""
     import threading
 
     from django.db import connection
 
-    from jobs import services
+    from jobs.domain import scheduler
 
     admitted, errors, barrier = [], [], threading.Barrier(count)
 
     def admit():
         try:
             barrier.wait()
-            admitted.extend(services.admit())
+            admitted.extend(scheduler.admit())
         except Exception as exc:  # pragma: no cover - reported to the caller
             errors.append(exc)
         finally:

@@ -112,7 +112,7 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
     ({"env": {"RINGMASTER_JOB_ID": "7"}}, "env", "reserved"),
     ({"backend": "slurm"}, "backend", "not one of the available choices"),
     ({"backend": "kubernetes"}, "cluster", "No Kubernetes cluster is set up"),
-    ({"backend": "local", "cluster": "nowhere"}, "cluster", "No enabled cluster"),
+    ({"backend": "local", "cluster": "nowhere"}, "cluster", "The local backend takes no cluster"),
     ({"time_limit_minutes": 0}, "time_limit_minutes", "greater than or equal to 1"),
 ])
 def test_bad_job_input_is_400_naming_the_field(client, image, script, change, field, message):
@@ -194,7 +194,7 @@ def test_logs_read_backwards_from_before_for_the_tail_and_older_pages(client, im
 
 def test_metric_points_carry_the_seq_of_their_line(client, image, script, alice):
     """A live viewer merges the API's points with the websocket's by seq, without doubles."""
-    from jobs.logstore import append_output
+    from jobs.domain.logstore import append_output
     from runners.output import Line
 
     job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)

@@ -9,7 +9,7 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from jobs.models import Backend, Cluster, Image, Job
+from jobs.models import Cluster, Image, Job
 from runners import mpijob
 
 pytestmark = pytest.mark.django_db
@@ -155,7 +155,7 @@ def test_render_mpijob_prints_the_valid_mpijob_without_reaching_the_cluster(alic
 
 def test_render_mpijob_refuses_other_backends_and_unknown_jobs(make_user, image):
     job = Job.objects.create(owner=make_user("alice"), image=image, gpus=1, script_path="t.py",
-                             backend=Backend.LOCAL, time_limit_minutes=5)
+                             backend="local", time_limit_minutes=5)
     with pytest.raises(CommandError, match="local backend"):
         run("render_mpijob", str(job.pk))
     with pytest.raises(CommandError, match="no job 999999"):
@@ -215,7 +215,7 @@ def test_the_default_backend_is_a_setting(alice_api, cluster, k8s_image, setting
 
 
 def test_a_clusters_gpu_limit_holds_jobs_in_the_portals_queue_with_the_reason(alice, cluster, k8s_image):
-    from jobs import services
+    from jobs.domain import scheduler
 
     cluster.gpu_limit = 4
     cluster.save()
@@ -223,15 +223,15 @@ def test_a_clusters_gpu_limit_holds_jobs_in_the_portals_queue_with_the_reason(al
 
     def job(on, gpus=2):
         return Job.objects.create(owner=alice, image=k8s_image, gpus=gpus, script_path="/t.py", cluster=on,
-                                  backend=Backend.KUBERNETES, time_limit_minutes=5).pk
+                                  backend="kubernetes", time_limit_minutes=5).pk
 
     first, second, third, elsewhere = job(cluster), job(cluster), job(cluster), job(other, 8)
-    assert sorted(services.admit()) == sorted([first, second, elsewhere])
+    assert sorted(scheduler.admit()) == sorted([first, second, elsewhere])
     waiting = Job.objects.get(pk=third)
     assert waiting.state == "QUEUED"
     assert waiting.reason == "waiting for capacity on cluster gpu-east: 4 of 4 GPUs in use, this job needs 2"
     Job.objects.filter(pk=first).update(state="SUCCEEDED")
-    assert services.admit() == [third]
+    assert scheduler.admit() == [third]
 
 
 def test_a_job_larger_than_the_clusters_gpu_limit_is_refused_naming_it(alice_api, cluster, k8s_image):
@@ -247,7 +247,7 @@ def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_u
     cluster.save()
     for state in ("RUNNING", "LAUNCHING", "QUEUED", "SUCCEEDED"):
         Job.objects.create(owner=alice, image=k8s_image, gpus=4, script_path="/t.py", cluster=cluster, state=state,
-                           backend=Backend.KUBERNETES, time_limit_minutes=5)
+                           backend="kubernetes", time_limit_minutes=5)
     client.force_login(make_user("root", is_staff=True))
     page = client.get("/cluster/").content.decode()
     row = page[page.index('data-cluster="gpu-east"'):].split("</tr>")[0]

@@ -2,8 +2,8 @@
 reason when it does not fit. Slots are freed by the state machine whichever way a job ends."""
 import pytest
 
-from jobs import states
-from jobs.instances import Pool
+from jobs.domain import states
+from jobs.backends.instances import Pool
 from jobs.models import Instance, Job, SlotAllocation, State
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs import services, states, tasks
+from jobs.domain import scheduler, services, states
+from jobs import taskqueue, tasks
 from jobs.models import Job, JobEvent, Quota, Script, State, UserSettings
 from tests.conftest import wait_for
 
@@ -152,12 +153,12 @@ def test_gpu_hours_count_in_a_rolling_window_with_running_cancelled_and_failed_j
     past_job(alice, image, script, 1, now - d - 3 * h, now - d, state=State.CANCELLED)    # 3
     past_job(alice, image, script, 1, now - 2 * h)                                        # running: 2 so far
     first = submitted(alice, script, 1)
-    assert services.admit() == [first.pk]                                                 # 9.03 of 10: fits
+    assert scheduler.admit() == [first.pk]                                                 # 9.03 of 10: fits
 
     past_job(alice, image, script, 1, now - 2 * d - h, now - 2 * d, state=State.FAILED)   # 10.03 of 10
     waiting = submitted(alice, script, 1)
     others = submitted(bob, script, 1)
-    assert services.admit() == [others.pk]                                # bob is not held back
+    assert scheduler.admit() == [others.pk]                                # bob is not held back
     assert reload(waiting).state == State.QUEUED
     assert reload(waiting).reason == \
         "waiting for quota: user alice: GPU-hours for 30 days used up: 10 of 10"
@@ -176,7 +177,7 @@ def test_gpu_hours_of_a_group_are_pooled_across_its_members(alice, bob, vision, 
     past_job(bob, image, script, 4, now - timedelta(hours=3), now - timedelta(hours=2))   # not charged to vision
     waiting = submitted(bob, script, 1)
     assert waiting.charged_group == vision                     # bob's only group: his default
-    assert services.admit() == []
+    assert scheduler.admit() == []
     assert reload(waiting).reason == "waiting for quota: group vision: GPU-hours for 7 days used up: 5 of 5"
 
 
@@ -185,11 +186,11 @@ def test_a_group_quota_is_pooled_across_members_and_blocks_no_one_else(alice, bo
     Quota.objects.create(group=vision, gpus=4)
     carol = make_user("carol")                                           # in no group
     first = submitted(alice, script, 3)
-    assert services.admit() == [first.pk]
+    assert scheduler.admit() == [first.pk]
     second = submitted(bob, script, 2)
     third = submitted(bob, script, 1)                                    # would fit, but waits its turn
     outsider = submitted(carol, script, 2)
-    assert services.admit() == [outsider.pk]
+    assert scheduler.admit() == [outsider.pk]
     assert reload(second).reason == "waiting for quota: group vision: 3 of 4 GPUs in use, needs 2"
     assert reload(third).reason == "waiting behind an earlier job for the quota of group vision"
     assert [j["queue_position"] for j in (client_of(bob).get(f"/api/jobs/{p}/").json()
@@ -197,17 +198,17 @@ def test_a_group_quota_is_pooled_across_members_and_blocks_no_one_else(alice, bo
 
     states.transition(first.pk, State.RUNNING)
     states.transition(first.pk, State.SUCCEEDED)
-    assert services.admit() == [second.pk, third.pk]                     # 2 + 1 of 4
+    assert scheduler.admit() == [second.pk, third.pk]                     # 2 + 1 of 4
 
 
 def test_both_the_users_and_the_groups_limits_must_hold(alice, bob, vision, image, script):
     Quota.objects.create(group=vision, gpus=8)
     Quota.objects.create(user=alice, gpus=2)
     big = submitted(alice, script, 2)
-    assert services.admit() == [big.pk]
+    assert scheduler.admit() == [big.pk]
     more = submitted(alice, script, 1)                                    # group has room, alice has not
     bobs = submitted(bob, script, 4)
-    assert services.admit() == [bobs.pk]
+    assert scheduler.admit() == [bobs.pk]
     assert reload(more).reason == "waiting for quota: user alice: 2 of 2 GPUs in use, needs 1"
 
 
@@ -216,29 +217,29 @@ def test_raising_a_quota_looks_at_the_queue_at_once_not_at_the_next_beat(alice, 
     quota = Quota.objects.create(user=alice, gpus=2)
     running = submitted(alice, script, 2)
     waiting = submitted(alice, script, 2)
-    assert services.admit() == [running.pk]
+    assert scheduler.admit() == [running.pk]
     assert reload(waiting).reason == "waiting for quota: user alice: 2 of 2 GPUs in use, needs 2"
 
     with django_capture_on_commit_callbacks() as callbacks:
         quota.gpus = 4
         quota.save()                                                      # as the admin or set_quota does
-    assert tasks.dispatch.delay in callbacks                              # the scheduler runs on commit
-    assert services.admit() == [waiting.pk]                               # ... and now admits the job
+    assert "dispatch" in taskqueue.sent(callbacks)                        # the scheduler runs on commit
+    assert scheduler.admit() == [waiting.pk]                               # ... and now admits the job
     with django_capture_on_commit_callbacks() as callbacks:
         quota.delete()
-    assert tasks.dispatch.delay in callbacks
+    assert "dispatch" in taskqueue.sent(callbacks)
 
 
 def test_a_waiting_jobs_events_say_what_it_waits_for_not_every_change_of_the_numbers(alice, bob, vision, image,
                                                                                        script):
     Quota.objects.create(group=vision, gpus=4)
     first, second = submitted(alice, script, 2), submitted(alice, script, 1)
-    assert services.admit() == [first.pk, second.pk]
+    assert scheduler.admit() == [first.pk, second.pk]
     waiting = submitted(bob, script, 3)
-    services.admit()
+    scheduler.admit()
     assert reload(waiting).reason == "waiting for quota: group vision: 3 of 4 GPUs in use, needs 3"
     states.transition(second.pk, State.SUCCEEDED)
-    services.admit()
+    scheduler.admit()
     assert reload(waiting).reason == "waiting for quota: group vision: 2 of 4 GPUs in use, needs 3"
     assert list(JobEvent.objects.filter(job=waiting, state="").values_list("message", flat=True)) == [
         "waiting for quota: group vision: 3 of 4 GPUs in use, needs 3"]
@@ -254,7 +255,7 @@ def test_a_user_in_several_groups_charges_the_default_group_or_the_one_named(ali
     to_nlp = submitted(alice, script, 1)
     to_vision = submitted(alice, script, 1, group="vision")
     assert (to_nlp.charged_group, to_vision.charged_group) == (nlp, vision)
-    assert services.admit() == [to_nlp.pk]
+    assert scheduler.admit() == [to_nlp.pk]
     assert reload(to_vision).reason == "waiting for quota: group vision: 1 of 1 GPUs in use, needs 1"
 
     refused = submit(alice, script, 1, group="robotics")
@@ -270,7 +271,7 @@ def test_the_site_default_applies_without_a_quota_row_and_fills_empty_limits(ali
     Quota.objects.create(user=bob, jobs=5)                   # GPUs left empty: the site default's 2
     Quota.objects.create(user=carol, gpus=6)
     jobs = {user.username: [submitted(user, script, 2), submitted(user, script, 2)] for user in (alice, bob, carol)}
-    admitted = services.admit()
+    admitted = scheduler.admit()
     assert admitted == [jobs["alice"][0].pk, jobs["bob"][0].pk, jobs["carol"][0].pk, jobs["carol"][1].pk]
     assert reload(jobs["bob"][1]).reason == "waiting for quota: user bob: 2 of 2 GPUs in use, needs 2"
 
@@ -280,21 +281,21 @@ def test_higher_priority_runs_first_then_earlier_submission(alice, bob, make_use
     settings.RINGMASTER_LOCAL_GPUS = 4
     root = make_user("root", is_staff=True)
     blocker = submitted(alice, script, 4)
-    assert services.admit() == [blocker.pk]
+    assert scheduler.admit() == [blocker.pk]
     early = submitted(alice, script, 4)
     later = submitted(bob, script, 2)
     urgent = submitted(root, script, 4, priority=5)
-    assert services.admit() == []
-    assert [services.queue_position(reload(j)) for j in (urgent, early, later)] == [1, 2, 3]
+    assert scheduler.admit() == []
+    assert [scheduler.queue_position(reload(j)) for j in (urgent, early, later)] == [1, 2, 3]
     assert reload(urgent).reason == "waiting for capacity: 4 of 4 GPUs in use, this job needs 4"
     assert reload(later).reason == "waiting behind an earlier job for capacity (local)"
 
     services.set_priority(later, 10, by=root)                 # an admin moves bob's job to the front
     states.transition(blocker.pk, State.RUNNING)
     states.transition(blocker.pk, State.SUCCEEDED)
-    assert services.admit() == [later.pk]                     # 2 GPUs, then urgent (4) waits for room
+    assert scheduler.admit() == [later.pk]                     # 2 GPUs, then urgent (4) waits for room
     assert reload(urgent).reason == "waiting for capacity: 2 of 4 GPUs in use, this job needs 4"
-    assert services.queue_position(reload(urgent)) == 1 and services.queue_position(reload(early)) == 2
+    assert scheduler.queue_position(reload(urgent)) == 1 and scheduler.queue_position(reload(early)) == 2
 
 
 def test_only_staff_may_set_a_priority(alice, make_user, script, image):
@@ -339,7 +340,7 @@ def test_a_quota_lowered_after_submit_says_so_and_blocks_no_one(alice, bob, imag
     stuck = submitted(alice, script, 6)
     Quota.objects.create(user=alice, gpus_per_job=4)
     small = submitted(bob, script, 4)
-    assert services.admit() == [small.pk]
+    assert scheduler.admit() == [small.pk]
     assert reload(stuck).reason == "can never start: at most 4 GPUs per job for alice (user quota)"
 
 
@@ -350,11 +351,11 @@ def test_a_big_job_reserves_capacity_and_a_quota_blocked_job_reserves_nothing(al
     carol = make_user("carol")
     Quota.objects.create(user=carol, jobs=1)
     running, carols_first = submitted(alice, script, 2), submitted(carol, script, 1)
-    assert services.admit() == [running.pk, carols_first.pk]          # 3 of 4 GPUs in use
+    assert scheduler.admit() == [running.pk, carols_first.pk]          # 3 of 4 GPUs in use
     carols = submitted(carol, script, 1)     # carol's quota is full: waits, and holds no capacity
     big = submitted(bob, script, 4)          # more than is free: waits, and reserves the capacity
     small = submitted(alice, script, 1)      # would fit now, but must not overtake the big job
-    assert services.admit() == []
+    assert scheduler.admit() == []
     assert reload(carols).reason == "waiting for quota: user carol: 1 of 1 jobs running"
     assert reload(big).reason == "waiting for capacity: 3 of 4 GPUs in use, this job needs 4"
     assert reload(small).reason == "waiting behind an earlier job for capacity (local)"
@@ -364,23 +365,23 @@ def test_cancelling_the_job_others_wait_behind_lets_the_queue_move(alice, bob, i
                                                                    django_capture_on_commit_callbacks):
     settings.RINGMASTER_LOCAL_GPUS = 4
     running = submitted(alice, script, 2)
-    assert services.admit() == [running.pk]
+    assert scheduler.admit() == [running.pk]
     big, small = submitted(bob, script, 4), submitted(alice, script, 1)
-    assert services.admit() == []
+    assert scheduler.admit() == []
     with django_capture_on_commit_callbacks() as on_commit:
         services.cancel(big, by=bob)
-    assert [f for f in on_commit if f.__qualname__.startswith("cancel.")]  # the scheduler is asked again
-    assert services.admit() == [small.pk]
+    assert "dispatch" in taskqueue.sent(on_commit)                   # the scheduler is asked again
+    assert scheduler.admit() == [small.pk]
 
 
 def test_a_job_over_its_own_quota_does_not_hold_back_others_on_the_same_backend(alice, bob, image, script, settings):
     settings.RINGMASTER_LOCAL_GPUS = 8
     Quota.objects.create(user=alice, gpus=2)
     first = submitted(alice, script, 2)
-    assert services.admit() == [first.pk]
+    assert scheduler.admit() == [first.pk]
     alices = submitted(alice, script, 2)
     bobs = submitted(bob, script, 4)
-    assert services.admit() == [bobs.pk]
+    assert scheduler.admit() == [bobs.pk]
     assert reload(alices).state == State.QUEUED
 
 
@@ -390,11 +391,11 @@ def test_a_held_job_waits_with_a_reason_and_runs_when_released(alice, bob, make_
     held = submitted(alice, script, 1)
     services.hold(held, by=root)
     other = submitted(bob, script, 1)
-    assert services.admit() == [other.pk]
+    assert scheduler.admit() == [other.pk]
     body = client_of(alice).get(f"/api/jobs/{held.pk}/").json()
     assert (body["state"], body["reason"], body["held"], body["queue_position"]) == ("QUEUED", "held by root", True, None)
     services.release(reload(held), by=root)
-    assert services.admit() == [held.pk]
+    assert scheduler.admit() == [held.pk]
     messages = list(JobEvent.objects.filter(job=held).values_list("message", flat=True))
     assert "held by root" in messages and "released by root" in messages
 
@@ -448,7 +449,7 @@ def test_quota_changes_in_the_admin_are_kept_in_its_history(client, alice, make_
 
 # --- accounting -------------------------------------------------------------------------------
 def test_gpu_seconds_are_recorded_for_cancelled_and_failed_jobs_and_not_for_never_run_ones(alice, image, script):
-    from jobs.follow import finish
+    from jobs.domain.follow import finish
     from runners.base import Exited
 
     ran_then_cancelled = past_job(alice, image, script, 2, timezone.now() - timedelta(minutes=10))
@@ -467,7 +468,7 @@ def test_gpu_seconds_are_recorded_for_cancelled_and_failed_jobs_and_not_for_neve
 
 
 def test_daily_usage_cuts_jobs_at_midnight_per_user_group_and_backend(alice, bob, vision, image, script):
-    from jobs import accounting
+    from jobs.domain import accounting
 
     today = timezone.localdate()
     midnight = accounting.day_start(today)
@@ -570,10 +571,10 @@ def test_my_usage_page_and_the_staff_cluster_page(client, alice, bob, vision, ma
     settings.RINGMASTER_LOCAL_GPUS = 4
     Quota.objects.create(group=vision, gpus=4)
     running = submitted(alice, script, 4)
-    services.admit()
+    scheduler.admit()
     states.transition(running.pk, State.RUNNING)
     waiting = submitted(bob, script, 2)
-    services.admit()
+    scheduler.admit()
     client.force_login(bob)
     mine = client.get("/usage/")
     assert mine.status_code == 200 and 'id="quota-panel"' in mine.content.decode()

@@ -3,7 +3,7 @@
 import pytest
 from django.db import connection
 
-from jobs import services, states
+from jobs.domain import scheduler, services, states
 from jobs.models import Job, JobEvent, Script, State
 from tests.conftest import admit_from_threads
 
@@ -75,4 +75,4 @@ def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings)
     assert waiting.count() == 4
     assert waiting[0].reason == "waiting for capacity: 4 of 4 GPUs in use, this job needs 2"
     assert waiting[1].reason == "waiting behind an earlier job for capacity (local)"
-    assert [services.queue_position(j) for j in waiting] == [1, 2, 3, 4]
+    assert [scheduler.queue_position(j) for j in waiting] == [1, 2, 3, 4]

@@ -1,7 +1,7 @@
 """{% quota_panel %}: the signed-in user's limits and current use (the job form, "my usage")."""
 from django import template
 
-from jobs import quotas
+from jobs.domain import quotas
 
 register = template.Library()
 

@@ -1,6 +1,6 @@
 """The live job page in headless Chromium against a real uvicorn with the Redis channel layer.
 
-Lines are stored the way the follower stores them (jobs.logstore.append_output, which also
+Lines are stored the way the follower stores them (jobs.domain.logstore.append_output, which also
 notifies the websocket group), so what is tested is storage -> push -> websocket -> page. The
 whole path from horovodrun is covered by test_job_pages.py.
 """
@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from jobs import states
-from jobs.logstore import append_output
+from jobs.domain import states
+from jobs.domain.logstore import append_output
 from jobs.models import Job, Script, State
 from runners.output import Line
 from tests.browser.conftest import expect

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from jobs.cli import format_line
+from cli.main import format_line
 from jobs.models import Job, LogLine, MetricPoint, Script, State
-from jobs.serializers import rank_label
+from jobs.web.serializers import rank_label
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -111,7 +111,7 @@ def test_a_changed_host_key_is_refused(sshds, db):
     other = sshds["servers"][1].host_key_line()                                # the key of another host
     Instance.objects.filter(pk=instance.pk).update(host_key=other)
     instance.refresh_from_db()
-    from jobs import instances
+    from jobs.backends import instances
 
     ok, reason = instances.check(instance)
     assert not ok and "host key changed" in reason and "refusing" in reason

@@ -145,7 +145,7 @@ def test_a_create_that_times_out_after_creating_is_adopted_on_retry(http, fake, 
 
 
 def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, cluster):
-    from jobs.clusters import render
+    from jobs.backends.clusters import render
 
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold)
@@ -154,7 +154,7 @@ def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, 
     hold.set()
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
     # The same job launched again (a retried task) finds its MPIJob by name and adopts it.
-    from jobs.clusters import runner_for
+    from jobs.backends.clusters import runner_for
     from jobs.backends import job_spec
 
     job = Job.objects.select_related("cluster", "image", "script", "charged_group").get(pk=job_id)

@@ -62,7 +62,7 @@ def submit(http, **fields):
 
 def test_a_two_gpu_job_runs_on_the_cluster_and_cancel_removes_its_mpijob(http, real_cluster):
     from jobs.backends import job_spec
-    from jobs.clusters import runner_for
+    from jobs.backends.clusters import runner_for
 
     job_id = submit(http, script=upload(http, SCRIPT, "allreduce.py"))
     job = wait_state(job_id, ENDED, timeout=1200)

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from rest_framework.authtoken.models import Token
 from websockets.asyncio.client import connect
 
-from jobs import services, states
+from jobs.domain import scheduler, services, states
 from jobs.models import Job, Script, State
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -38,7 +38,7 @@ def test_viewers_of_waiting_jobs_get_their_new_reasons_pushed(live_portal, make_
                 connect(f"{base}/ws/jobs/{waiting[1].pk}/", additional_headers=headers) as second:
             assert (await next_state(first))["state"] == "QUEUED"
             assert (await next_state(second))["state"] == "QUEUED"
-            assert await sync_to_async(services.admit)() == []
+            assert await sync_to_async(scheduler.admit)() == []
             assert await next_state(first) == {"type": "state", "state": "QUEUED",
                                                "reason": "waiting for capacity: 2 of 2 GPUs in use, this job needs 2"}
             assert await next_state(second) == {"type": "state", "state": "QUEUED",

@@ -9,8 +9,8 @@ from rest_framework.authtoken.models import Token
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from jobs import states
-from jobs.logstore import append_output
+from jobs.domain import states
+from jobs.domain.logstore import append_output
 from jobs.models import Job, Script, State
 from runners.output import Line
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from jobs import cli
+from cli import main as cli
 from tests.conftest import ROOT
 
 TOKEN = "0123456789abcdef0123456789abcdef01234567"
@@ -170,8 +170,8 @@ def test_field_errors_name_each_field():
 
 
 def test_the_cli_imports_no_django_and_nothing_of_the_portal():
-    code = ("import sys, jobs.cli; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('django', 'rest_framework', 'channels', 'celery', 'portal') or m in ('jobs.models', 'jobs.services')); "
+    code = ("import sys, cli.main; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('django', 'rest_framework', 'channels', 'celery', 'portal') or m in ('jobs.models', 'jobs.domain.services')); "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin"}, timeout=60)

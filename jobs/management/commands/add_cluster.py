@@ -4,7 +4,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import clusters
+from jobs.backends import clusters
 from jobs.models import Cluster
 
 

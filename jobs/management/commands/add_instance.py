@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import instances
+from jobs.backends import instances
 from jobs.models import Instance
 from runners import ssh
 

@@ -10,8 +10,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from jobs.models import Backend, Quota
-from jobs.quotas import describe_limits, limits_of, site_default
+from jobs import backends
+from jobs.models import Quota
+from jobs.domain.quotas import describe_limits, limits_of, site_default
 
 LIMITS = [("gpus", int, "GPUs in use at once"), ("jobs", int, "jobs running at once"),
           ("gpus_per_job", int, "GPUs of one job"), ("gpu_hours", float, "GPU-hours in the window"),
@@ -39,7 +40,7 @@ class Command(BaseCommand):
         who = parser.add_mutually_exclusive_group(required=True)
         who.add_argument("--user", help="username")
         who.add_argument("--group", help="group name (the limits are pooled across its members)")
-        parser.add_argument("--backend", choices=[b.value for b in Backend], default="",
+        parser.add_argument("--backend", choices=backends.names(), default="",
                             help="limit use on this backend only (default: all backends together)")
         for name, kind, text in LIMITS:
             parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="N|default", help=text)

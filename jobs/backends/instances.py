@@ -1,21 +1,22 @@
-"""GPU instances: where a job's slots go (allocation), their release, the runner's hosts, and
-health checks.
+"""The instances backend: horovodrun on interactive GPU instances over SSH (runners.ssh).
 
-Allocation happens only inside jobs.services.admit(), in its transaction: the instance rows are
-locked FOR UPDATE and the free slots are read from the SlotAllocation rows, so two admissions
-can never book the same slots. Slots are released in jobs.states.transition() when a job reaches
-a terminal state, whichever way it got there.
+Where a job's slots go (placement), their release, the runner's hosts, and health checks.
+Placement happens only in an admission pass (jobs.domain.scheduler.admit), in its transaction:
+the instance rows are locked FOR UPDATE and the free slots are read from the SlotAllocation
+rows, so two admissions can never book the same slots. Slots are released when a job reaches a
+terminal state, whichever way it got there (release(), called by jobs.domain.states).
 """
 import logging
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from runners import ssh
 
-from .models import Instance, SlotAllocation
+from jobs import taskqueue
+from jobs.backends.base import Admission, Backend
+from jobs.models import Instance, SlotAllocation
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,6 @@ class Pool:
             self.free[instance.pk] -= slots
 
 
-def capacity():
-    """GPUs of the healthy, enabled instances."""
-    return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
-
-
 def host_of(instance, slots=0):
     return ssh.Host(
         name=instance.name, address=instance.host, port=instance.port, user=instance.user,
@@ -81,31 +77,10 @@ def host_of(instance, slots=0):
     )
 
 
-def runner_for(job):
-    allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))
-    if not allocations:
-        raise ValueError(f"job {job.pk} holds no instance slots")
-    return ssh.SSHRunner(
-        [host_of(a.instance, a.slots) for a in allocations],
-        start_timeout=settings.RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS,
-        connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
-    )
-
-
 def remember_host_keys(runner):
     """Store host keys a runner saw for the first time (trust on first use)."""
     for name, key in getattr(runner, "learned_host_keys", {}).items():
         Instance.objects.filter(name=name, host_key="").update(host_key=key)
-
-
-def after_launch(runner, error=None):
-    """Keep what a launch learned: new host keys; an instance it could not reach or use gets no
-    more jobs until a health check passes."""
-    remember_host_keys(runner)
-    if isinstance(error, ssh.InstanceError):
-        for host in runner.hosts:
-            if str(error).startswith(host.where()):
-                set_health(Instance.objects.get(name=host.name), False, str(error))
 
 
 def set_health(instance, healthy, reason, gpus_detected=None):
@@ -116,9 +91,7 @@ def set_health(instance, healthy, reason, gpus_detected=None):
     )
     instance.healthy, instance.health_reason = healthy, reason[:500]
     if healthy and not was:
-        from .tasks import dispatch
-
-        transaction.on_commit(lambda: dispatch.delay())
+        taskqueue.wake_scheduler()
 
 
 def check(instance):
@@ -150,3 +123,59 @@ def check_all():
     for instance in Instance.objects.filter(enabled=True):
         results[instance.name] = check(instance)
     return results
+
+
+class InstancesAdmission(Admission):
+    """Slots on instances, as few instances as possible: the instance rows are locked (FOR
+    UPDATE) the first time a job of the pass needs them; a job that fits gets a placement,
+    written as SlotAllocation rows when it is admitted."""
+
+    def __init__(self, backend, book):
+        super().__init__(backend, book)
+        self.pool, self.plans = None, {}
+
+    def why_waiting(self, job):
+        if self.pool is None:
+            self.pool = Pool()
+        placement, reason = self.pool.place(job.gpus)
+        if placement is not None:
+            self.plans[job.pk] = placement
+        return reason
+
+    def admitted_message(self, job):
+        return "admitted: " + ", ".join(f"{i.name}:{n}" for i, n in self.plans[job.pk])
+
+    def charge(self, job):
+        self.pool.allocate(job.pk, self.plans.pop(job.pk))
+
+
+class InstancesBackend(Backend):
+    name = "instances"
+    label = "GPU instances over SSH"
+    admission_class = InstancesAdmission
+
+    def capacity(self):
+        """GPUs of the healthy, enabled instances."""
+        return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
+
+    def release(self, job_id):
+        SlotAllocation.objects.filter(job_id=job_id).delete()
+
+    def runner(self, job):
+        allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))
+        if not allocations:
+            raise ValueError(f"job {job.pk} holds no instance slots")
+        return ssh.SSHRunner(
+            [host_of(a.instance, a.slots) for a in allocations],
+            start_timeout=settings.RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS,
+            connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
+        )
+
+    def after_launch(self, job, runner, error=None):
+        """Keep what a launch learned: new host keys; an instance it could not reach or use gets
+        no more jobs until a health check passes."""
+        remember_host_keys(runner)
+        if isinstance(error, ssh.InstanceError):
+            for host in runner.hosts:
+                if str(error).startswith(host.where()):
+                    set_health(Instance.objects.get(name=host.name), False, str(error))

@@ -11,17 +11,16 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import backends, taskqueue
+from jobs.backends import job_spec
+from jobs.domain import states
+from jobs.domain.logstore import append_output, last_lines
+from jobs.models import ACTIVE_STATES, Job, State
 from runners.base import Exited, Output, Running, Status
 from runners.output import OutputSplitter
-
-from . import states
-from .backends import after_launch, job_spec, runner_for
-from .logstore import append_output, last_lines
-from .models import ACTIVE_STATES, Backend, Job, State
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2
@@ -70,6 +69,19 @@ def release(job_id, me):
     Job.objects.filter(pk=job_id, follower=me).update(follower="", follower_heartbeat=None)
 
 
+def hold_for_launch(job_id):
+    """A pending claim on a just-admitted job: reconcile leaves it to the run_job task that
+    the scheduler sends, until that claim goes stale."""
+    Job.objects.filter(pk=job_id).update(follower_heartbeat=timezone.now())
+
+
+def hand_over(job):
+    """Free an orphaned job's claim for a new follower, holding it meanwhile so the next
+    reconcile does not send another. False if its follower changed since it was read."""
+    return Job.objects.filter(pk=job.pk, follower=job.follower).update(
+        follower="", follower_heartbeat=timezone.now()) == 1
+
+
 def run(job_id):
     """Launch (if needed) and follow one job until it ends. Safe to call more than once."""
     me = follower_id()
@@ -84,7 +96,8 @@ def run(job_id):
 
 def _run(job_id, me):
     job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
-    runner, spec = runner_for(job), job_spec(job)
+    backend = backends.of(job)
+    runner, spec = backend.runner(job), job_spec(job)
     if job.state == State.LAUNCHING:
         if job.cancel_requested:
             states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
@@ -93,11 +106,11 @@ def _run(job_id, me):
             started = runner.launch(spec)
         except Exception as exc:
             log.exception("job %s: launch failed", job_id)
-            after_launch(job, runner, exc)
+            backend.after_launch(job, runner, exc)
             states.transition(job_id, State.FAILED, expect={State.LAUNCHING}, reason=f"launch failed: {exc}"[:500])
             _after_end()
             return
-        after_launch(job, runner)
+        backend.after_launch(job, runner)
         if runner.reports_running:
             # The job runs when the runner says so (follow yields Running); until then, say what happened.
             states.set_reason(job_id, started.detail)
@@ -113,11 +126,8 @@ def _follow(job_id, me, runner, spec):
     lost = False
     next_check = 0.0
     stop_reason = None
-
-    def should_stop():
-        return lost
-
-    for event in runner.follow(spec, offset, should_stop, cursor=job.follow_cursor or None):
+    # Breaking out of the loop closes the runner's generator: that is how a follow stops.
+    for event in runner.follow(spec, offset, cursor=job.follow_cursor or None):
         if isinstance(event, Output):
             lines = splitter.feed(event.data)
             end = event.offset + len(event.data)
@@ -195,9 +205,7 @@ def _failure(job, exited):
 
 def _after_end():
     """Capacity freed: let the scheduler admit what waits."""
-    from .tasks import dispatch
-
-    transaction.on_commit(lambda: dispatch.delay())
+    taskqueue.wake_scheduler()
 
 
 def stop(job_id):
@@ -205,14 +213,14 @@ def stop(job_id):
     job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
     if job.is_terminal or not job.cancel_requested:
         return
+    runner = backends.of(job).runner(job)
     if job.state == State.LAUNCHING and not job.follower:
-        runner = runner_for(job)
         if runner.reports_running:
             # Its launch may have created what runs it (an MPIJob) before the follower went away.
             runner.cancel(job_spec(job))
         states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
         return
-    runner_for(job).cancel(job_spec(job))
+    runner.cancel(job_spec(job))
     # If no live follower holds the job, follow it here to its end (it ends at once).
     run(job_id)
 
@@ -223,34 +231,3 @@ def orphaned_jobs():
     stale = active.filter(Q(follower_heartbeat__lt=_stale_before()) | Q(follower_heartbeat__isnull=True))
     dead_here = [job.pk for job in active.exclude(follower="") if _dead_here(job.follower)]
     return active.filter(Q(pk__in=stale.values("pk")) | Q(pk__in=dead_here))
-
-
-def _launching_since(job):
-    event = job.events.filter(state=State.LAUNCHING).order_by("-ts").first()
-    return event.ts if event else job.created_at
-
-
-def reconcile():
-    """After any crash or restart: re-attach to running jobs, fail hung launches, admit.
-
-    Returns the ids of the jobs that were handed to a new follower.
-    """
-    from .services import admit
-    from .tasks import run_job
-
-    timeout = settings.RINGMASTER_LAUNCH_TIMEOUT_SECONDS
-    reattached = []
-    for job in orphaned_jobs():
-        # A Kubernetes job stays LAUNCHING while the cluster schedules it and pulls its image, and
-        # its launch is an idempotent create: re-attach to it rather than fail it.
-        if (job.state == State.LAUNCHING and job.backend != Backend.KUBERNETES
-                and _launching_since(job) < timezone.now() - timedelta(seconds=timeout)):
-            states.transition(job.pk, State.FAILED, expect={State.LAUNCHING},
-                              reason=f"the launch did not start within {timeout} s")
-            continue
-        # Hold the job for the new follower, so the next reconcile does not send another.
-        Job.objects.filter(pk=job.pk, follower=job.follower).update(follower="", follower_heartbeat=timezone.now())
-        run_job.delay(job.pk)
-        reattached.append(job.pk)
-    admit()
-    return reattached

@@ -7,8 +7,9 @@ from django.db.models import Count, Q, Sum
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
-from . import accounting, quotas, services
-from .models import ACTIVE_STATES, Backend, Cluster, Job, State
+from jobs.domain import accounting, quotas, scheduler
+from jobs import backends
+from jobs.models import ACTIVE_STATES, Cluster, Job, State
 
 MAX_DAYS = 366
 QUEUE_ON_PAGE = 200
@@ -76,15 +77,15 @@ def cluster(request):
     except BadParameter as error:
         return _bad(error)
     book = quotas.QuotaBook()
-    backends = []
-    for backend in Backend:
-        active = Job.objects.filter(backend=backend, state__in=ACTIVE_STATES).count()
-        queued = Job.objects.filter(backend=backend, state=State.QUEUED).count()
-        capacity = services.backend_capacity(backend)
+    rows = []
+    for backend in backends.enabled():
+        active = Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES).count()
+        queued = Job.objects.filter(backend=backend.name, state=State.QUEUED).count()
+        capacity = backend.capacity()
         if capacity is None and not active and not queued:
             continue
-        backends.append({"name": backend.value, "label": backend.label, "capacity": capacity,
-                         "in_use": book.backend_gpus(backend), "active": active, "queued": queued})
+        rows.append({"name": backend.name, "label": backend.label, "capacity": capacity,
+                     "in_use": book.backend_gpus(backend.name), "active": active, "queued": queued})
     clusters = _cluster_rows()
     quota_rows = []
     for (kind, ident, backend), row in book.rows.items():
@@ -93,12 +94,12 @@ def cluster(request):
         limits = quotas.limits_of(row, book.site if kind == "user" and not backend else None)
         quota_rows.append((scope, limits, book.use(scope, limits, hours=True)))
     quota_rows.sort(key=lambda item: (item[0].kind != "group", item[0].name, item[0].backend))
-    queue = services.with_queue_position(
+    queue = scheduler.with_queue_position(
         Job.objects.filter(state=State.QUEUED).select_related("owner", "charged_group", "held_by")
         .order_by("held", "-priority", "created_at", "id"))[:QUEUE_ON_PAGE]
     usage = accounting.daily_usage(days[0], days[-1])
     return render(request, "jobs/cluster.html", {
-        "backends": backends,
+        "backends": rows,
         "clusters": clusters,
         "site_default": quotas.describe_limits(book.site),
         "quota_rows": [(scope, limits, quotas.describe(limits, use)) for scope, limits, use in quota_rows],

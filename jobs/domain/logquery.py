@@ -1,6 +1,6 @@
 """Reading a job's stored log: one page of lines (the API and the job page), or all of it as
 text (the download). Lines are read by seq, the per-job gap-free order they were stored in."""
-from .models import LogLine
+from jobs.models import LogLine
 
 ALL_RANKS = ...
 DOWNLOAD_CHUNK = 5000

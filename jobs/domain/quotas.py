@@ -17,21 +17,18 @@ hold their GPUs), and its GPU-hours in a rolling window: each job's GPUs times t
 running time (started_at to finished_at, or to now while it runs) that falls in the last
 `window_days` days. Cancelled and failed jobs count for the time they ran.
 
-jobs.services.admit is the one place that applies these rules; this module only does the sums.
+jobs.domain.scheduler.admit is the one place that applies these rules; this module only does the sums.
 """
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
 from django.utils import timezone
 
-from .models import ACTIVE_STATES, Job, Quota, UserSettings
+from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings
 
 LIMIT_NAMES = ("gpus", "jobs", "gpus_per_job", "gpu_hours")
 
@@ -350,11 +347,3 @@ def describe_limits(limits):
     if limits.gpu_hours is not None:
         parts.append(f"{number(limits.gpu_hours)} GPU-hours per {limits.window_days} days")
     return ", ".join(parts) or "no limits"
-
-
-@receiver([post_save, post_delete], sender=Quota)
-def look_at_the_queue_again(sender, **kwargs):
-    """A raised (or removed) limit may let queued jobs start now, not at the next beat."""
-    from .tasks import dispatch
-
-    transaction.on_commit(dispatch.delay)

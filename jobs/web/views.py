@@ -9,10 +9,10 @@ from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from . import logquery, services
-from .services import visible_jobs
-from .forms import JobForm, JobPageForm
-from .models import Backend
+from jobs.domain import logquery, scheduler, services
+from jobs.domain.services import visible_jobs
+from jobs import backends
+from jobs.web.forms import JobForm, JobPageForm
 
 PAGE_SIZE = 25
 
@@ -48,39 +48,45 @@ def job_detail(request, job_id):
     """The job page. Its log view and charts load and follow the output in the browser
     (frontend/static/ringmaster/job.js): the tail over the API, then live over the websocket."""
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    backend = _backend_of(job)
     return render(request, "jobs/job_detail.html", {
         "job": job,
+        "backend_label": backend.label if backend else job.backend,
+        "backend_links": backend.links(job) if backend else [],
         "events": job.events.all(),
         "ranks": range(job.gpus),
         "last_seq": job.next_seq - 1,
-        "queue_position": services.queue_position(job),
+        "queue_position": scheduler.queue_position(job),
     })
+
+
+def _backend_of(job):
+    try:
+        return backends.of(job)
+    except backends.UnknownBackend:
+        return None
 
 
 @login_required
 def job_mpijob(request, job_id):
-    """The MPIJob a kubernetes job is (or would be) created as, for the owner and staff
-    (the same JSON as `manage.py render_mpijob`); ?format=json gives the bare document."""
-    from runners.mpijob import InvalidMPIJob, validate
-
-    from .clusters import ClusterError
-    from .clusters import render as render_mpijob
-
-    job = get_object_or_404(visible_jobs(request.user).filter(backend=Backend.KUBERNETES, cluster__isnull=False),
-                            pk=job_id)
+    """The object a job's backend creates for it (a kubernetes job's MPIJob), for the owner and
+    staff: the same JSON as `manage.py render_mpijob`; ?format=json gives the bare document.
+    404 for a job whose backend creates none."""
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    backend = _backend_of(job)
     try:
-        document = render_mpijob(job)
-    except ClusterError as exc:
-        return render(request, "jobs/mpijob.html", {"job": job, "problems": [str(exc)]}, status=409)
+        made = backend.document(job) if backend else None
+    except ValueError as exc:
+        return render(request, "jobs/mpijob.html", {"job": job, "backend_label": backend.label,
+                                                    "problems": [str(exc)]}, status=409)
+    if made is None:
+        raise Http404("This job's backend creates no document.")
+    kind, document = made
     if request.GET.get("format") == "json":
         return JsonResponse(document, json_dumps_params={"indent": 2})
-    try:
-        validate(document)
-        problems = []
-    except InvalidMPIJob as exc:
-        problems = exc.problems
     return render(request, "jobs/mpijob.html", {
-        "job": job, "document": json.dumps(document, indent=2), "problems": problems})
+        "job": job, "kind": kind, "backend_label": backend.label, "document": json.dumps(document, indent=2),
+        "problems": backend.document_problems(document)})
 
 
 @login_required

@@ -1,7 +1,7 @@
 """Accounting: GPU-seconds per job (GPUs x running time), and per user, group, backend and day.
 
 A job's running time is started_at (RUNNING) to finished_at, whatever the end: succeeded, failed
-(a crash, a time limit) or cancelled while running; jobs.states.transition records both times and
+(a crash, a time limit) or cancelled while running; jobs.domain.states.transition records both times and
 `gpu_seconds` in the same row and transaction as the final state. A job that never ran (cancelled
 while queued, a launch that failed) used nothing. A running job counts up to now.
 
@@ -20,7 +20,7 @@ from datetime import datetime, time, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import Job
+from jobs.models import Job
 
 NO_GROUP = "(no group)"
 

@@ -7,11 +7,11 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import logquery, quotas, services
-from .services import visible_jobs
-from .forms import JobForm, ScriptUploadForm, visible_scripts
-from .models import Image, MetricPoint
-from .serializers import (
+from jobs.domain import logquery, quotas, scheduler, services
+from jobs.domain.services import visible_jobs
+from jobs.web.forms import JobForm, ScriptUploadForm, visible_scripts
+from jobs.models import Image, MetricPoint
+from jobs.web.serializers import (
     ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
     QuotaSerializer, ScriptSerializer, ScriptUploadRequest, rank_label,
 )
@@ -57,7 +57,7 @@ class JobList(APIView):
     @extend_schema(responses=JobSerializer(many=True),
                    parameters=[OpenApiParameter("state", str, description="Only jobs in this state.")])
     def get(self, request):
-        jobs = services.with_queue_position(visible_jobs(request.user))
+        jobs = scheduler.with_queue_position(visible_jobs(request.user))
         if request.query_params.get("state"):
             jobs = jobs.filter(state=request.query_params["state"].upper())
         if request.query_params.get("mine") and request.user.is_staff:

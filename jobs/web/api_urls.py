@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api
+from jobs.web import api
 
 urlpatterns = [
     path("images/", api.ImageList.as_view(), name="api-images"),

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from runners.output import extract_metrics, parse_rank_failure
 
-from .live import publish_lines
-from .models import Job, LogLine, MetricPoint
+from jobs.domain.live import publish_lines
+from jobs.models import Job, LogLine, MetricPoint
 
 # PostgreSQL text cannot hold NUL; a program that prints one must not stop its job's log.
 _NUL, _NUL_STANDIN = "\x00", "\ufffd"
@@ -65,8 +65,7 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
         job.next_seq = seq
         job.output_offset = end
         job.output_state = splitter_state
-        job.follower_heartbeat = now
-        fields = ["next_seq", "output_offset", "output_state", "follower_heartbeat", "failed_rank", "exit_code"]
+        fields = ["next_seq", "output_offset", "output_state", "failed_rank", "exit_code"]
         if cursor is not None:
             job.follow_cursor = cursor
             fields.append("follow_cursor")

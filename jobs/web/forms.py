@@ -12,8 +12,9 @@ from django import forms
 from django.conf import settings
 from django.db.models import Q
 
-from . import quotas
-from .models import Backend, Cluster, Image, Script
+from jobs import backends
+from jobs.domain import quotas
+from jobs.models import Image, Script
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARGS = 1000
@@ -22,7 +23,6 @@ MAX_ENV = 500
 MAX_PRIORITY = 1000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
-IMPLEMENTED_BACKENDS = {Backend.LOCAL, Backend.INSTANCES, Backend.KUBERNETES}
 
 
 def _no_nul(value, what):
@@ -139,7 +139,8 @@ class JobForm(forms.Form):
     script_path = forms.CharField(max_length=1024, required=False, strip=False)
     args = StringListField(required=False)
     env = StringMapField(required=False)
-    backend = forms.ChoiceField(choices=Backend.choices, required=False)
+    backend = forms.CharField(max_length=20, required=False,
+                              help_text="An enabled backend; empty: the portal's default.")
     cluster = forms.CharField(max_length=100, required=False,
                               help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")
     time_limit_minutes = forms.IntegerField(required=False, min_value=1)
@@ -183,46 +184,17 @@ class JobForm(forms.Form):
         return path.strip()
 
     def clean_backend(self):
-        backend = self.cleaned_data["backend"] or settings.RINGMASTER_DEFAULT_BACKEND
-        if backend not in IMPLEMENTED_BACKENDS:
-            raise forms.ValidationError(f"The {backend} backend is not available on this portal yet.")
-        return backend
+        """An enabled backend (by name); the backend itself checks the rest in clean()."""
+        name = (self.cleaned_data["backend"] or "").strip() or settings.RINGMASTER_DEFAULT_BACKEND
+        try:
+            return backends.get(name)
+        except backends.UnknownBackend:
+            raise forms.ValidationError(f"Select a valid choice. {name} is not one of the available choices "
+                                        f"({', '.join(backends.names()) or 'none'}).")
 
     def clean_cluster(self):
-        """An enabled cluster, by name or id; checked against the backend in clean()."""
-        value = (self.cleaned_data["cluster"] or "").strip()
-        if not value:
-            return None
-        query = Q(name=value) | (Q(pk=int(value)) if value.isdigit() else Q())
-        cluster = Cluster.objects.filter(query, enabled=True).first()
-        if cluster is None:
-            names = ", ".join(Cluster.objects.filter(enabled=True).values_list("name", flat=True))
-            raise forms.ValidationError(f"No enabled cluster {value!r}. Available: {names or 'none'}.")
-        return cluster
-
-    def _clean_kubernetes(self, data):
-        """The cluster a kubernetes job goes to, and what it needs there."""
-        from .clusters import ClusterError, default_cluster, namespace_for
-
-        if "cluster" in self.errors:
-            return
-        cluster = data.get("cluster") or default_cluster()
-        if cluster is None:
-            names = ", ".join(Cluster.objects.filter(enabled=True).values_list("name", flat=True))
-            self.add_error("cluster", f"Choose a cluster: {names}." if names else "No Kubernetes cluster is set up.")
-            return
-        data["cluster"] = cluster
-        gpus = data.get("gpus")
-        if cluster.gpu_limit is not None and gpus and gpus > cluster.gpu_limit and "gpus" not in self.errors:
-            self.add_error("gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
-        image = data.get("image")
-        if image is not None and not image.container_image:
-            self.add_error("image", f"Image {image.name} has no container image, so it cannot run on Kubernetes.")
-        if "group" not in self.errors:
-            try:
-                namespace_for(cluster, data.get("group"))
-            except ClusterError as exc:
-                self.add_error("group", str(exc))
+        """Where the job runs, for a backend with several places (resolved by that backend)."""
+        return (self.cleaned_data["cluster"] or "").strip() or None
 
     def clean_group(self):
         """A group the user belongs to, by name; none given: the user's default group."""
@@ -259,15 +231,11 @@ class JobForm(forms.Form):
             elif given == 0:
                 self.add_error("script", "Choose a script (upload one, pick one from the library) or give script_path.")
         backend, gpus = data.get("backend"), data.get("gpus")
-        if backend == Backend.KUBERNETES:
-            self._clean_kubernetes(data)
-        elif data.get("cluster") is not None:
-            self.add_error("cluster", "A cluster is only for the kubernetes backend.")
-        if backend == Backend.LOCAL and gpus and gpus > settings.RINGMASTER_LOCAL_GPUS:
-            self.add_error("gpus", f"This machine runs at most {settings.RINGMASTER_LOCAL_GPUS} processes per job.")
-        elif backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
+        if backend is not None:
+            backend.clean(self, data)
+        if backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
             # A job that can never fit its quota is refused now, naming the limit, not queued forever.
-            problem = quotas.refusal(self.user, data.get("group"), backend, gpus)
+            problem = quotas.refusal(self.user, data.get("group"), backend.name, gpus)
             if problem:
                 self.add_error("gpus", problem)
         return data
@@ -286,8 +254,8 @@ class JobForm(forms.Form):
             "script_path": data["script_path"] if not data["script"] else "",
             "args": data["args"],
             "env": data["env"],
-            "backend": data["backend"],
-            "cluster": data.get("cluster") if data["backend"] == Backend.KUBERNETES else None,
+            "backend": data["backend"].name,
+            **data["backend"].job_fields(data),
             "time_limit_minutes": data["time_limit_minutes"],
             "charged_group": data.get("group"),      # absent on the page of a user in no group
             "priority": data.get("priority") or 0,   # absent on a non-staff user's page
@@ -334,23 +302,23 @@ class JobPageForm(JobForm):
     env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
 
     group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
+    backend = forms.ChoiceField(required=False)
 
     field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend",
                    "cluster", "time_limit_minutes", "group", "priority"]
-    cluster = forms.ModelChoiceField(queryset=Cluster.objects.filter(enabled=True), required=False,
-                                     empty_label="—", help_text="For the Kubernetes backend.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        offered = [backend for backend in backends.enabled() if backend.offered()]
+        del self.fields["cluster"]                 # a backend that has places adds its own field
+        for backend in offered:
+            self.fields.update(backend.page_fields())
+        self.order_fields(self.field_order)
         scripts = visible_scripts(self.user).order_by("owner", "name")
         self.fields["script"].choices = [("", "—")] + [
             (s.pk, f"{s.name}{'' if s.owner_id else ' (example)'}") for s in scripts
         ]
-        has_clusters = self.fields["cluster"].queryset.exists()
-        self.fields["backend"].choices = [(b.value, b.label) for b in Backend if b in IMPLEMENTED_BACKENDS
-                                          and (b != Backend.KUBERNETES or has_clusters)]
-        if not has_clusters:
-            del self.fields["cluster"]
+        self.fields["backend"].choices = [(backend.name, backend.label) for backend in offered]
         self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
         self.fields["gpus"].help_text = (
             "On the local backend each GPU is one process; on a machine without GPUs they run on the CPU."
@@ -372,7 +340,7 @@ class JobPageForm(JobForm):
         return ImageField().clean(self.cleaned_data["image"])
 
     def clean_cluster(self):
-        return self.cleaned_data["cluster"]
+        return self.cleaned_data.get("cluster")
 
     def _has_upload(self):
         return bool(self.files.get("script_file"))

@@ -15,10 +15,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from .live import group_name
-from .models import Job, LogLine, MetricPoint
-from .serializers import LogLineSerializer, rank_label
-from .services import visible_jobs
+from jobs.domain.live import group_name
+from jobs.models import Job, LogLine, MetricPoint
+from jobs.web.serializers import LogLineSerializer, rank_label
+from jobs.domain.services import visible_jobs
 
 BATCH = 1000
 POLL_SECONDS = 1.0
@@ -109,7 +109,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def encode_json(cls, content):
         return json.dumps(content, cls=JSONEncoder)
 
-    # --- group messages (jobs.live) ---------------------------------------------------------
+    # --- group messages (jobs.domain.live) ---------------------------------------------------------
     async def job_lines(self, event):
         """New lines up to event["last_seq"] are stored. Viewers of a job in this process that
         have seen the same lines share one query and one encoding of what follows."""

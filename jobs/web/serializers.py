@@ -1,9 +1,9 @@
 """How jobs, images, scripts, log lines and metric points look in the API (output only:
-input is validated by jobs.forms, the one validation path)."""
+input is validated by jobs.web.forms, the one validation path)."""
 from rest_framework import serializers
 
-from .models import Image, Job, JobEvent, LogLine, Script
-from .services import queue_position
+from jobs.models import Image, Job, JobEvent, LogLine, Script
+from jobs.domain.scheduler import queue_position
 
 
 class ImageSerializer(serializers.ModelSerializer):
@@ -44,7 +44,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_queue_position(self, job) -> int | None:
         """Place in the scheduler's order while queued (1: next); None otherwise or when held."""
-        if hasattr(job, "queue_pos"):          # a list annotated by services.with_queue_position
+        if hasattr(job, "queue_pos"):          # a list annotated by scheduler.with_queue_position
             return job.queue_pos
         return queue_position(job)
 
@@ -77,7 +77,7 @@ class LogLineSerializer(serializers.ModelSerializer):
 
 
 class JobCreateRequest(serializers.Serializer):
-    """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.forms.JobForm."""
+    """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.web.forms.JobForm."""
 
     image = serializers.CharField(help_text="Image name or id (an enabled image of the catalog).")
     gpus = serializers.IntegerField(min_value=1)
@@ -85,7 +85,8 @@ class JobCreateRequest(serializers.Serializer):
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
     args = serializers.ListField(child=serializers.CharField(), required=False)
     env = serializers.DictField(child=serializers.CharField(), required=False)
-    backend = serializers.ChoiceField(choices=["local", "instances", "kubernetes"], required=False)
+    backend = serializers.CharField(required=False, help_text="An enabled backend (settings.RINGMASTER_BACKENDS; "
+                                                               "by default local, instances, kubernetes).")
     cluster = serializers.CharField(required=False, help_text="Kubernetes backend: the cluster's name (default: the only one).")
     name = serializers.CharField(required=False)
     time_limit_minutes = serializers.IntegerField(required=False, min_value=1)

@@ -1,5 +1,5 @@
-"""Kubernetes clusters: connecting to one, the namespace a job goes to, the MPIJob it becomes,
-and the runner that runs it there."""
+"""Kubernetes clusters (for jobs.backends.kubernetes): connecting to one, the namespace a job
+goes to, the MPIJob it becomes, and the runner that runs it there."""
 import re
 
 import yaml
@@ -8,7 +8,7 @@ from django.conf import settings
 from runners import mpijob
 from runners.kubernetes import KubernetesRunner, Timings
 
-from .models import Cluster
+from jobs.models import Cluster
 
 
 class ClusterError(ValueError):
@@ -121,6 +121,7 @@ def timings(cluster):
 
 
 def runner_for(job):
+    """The runner of a kubernetes job on its cluster."""
     cluster = job.cluster
     return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group), timings(cluster),
                             cluster_name=cluster.name)
@@ -128,7 +129,7 @@ def runner_for(job):
 
 def render(job):
     """The MPIJob the backend would create for `job` (without talking to the cluster)."""
-    from .backends import job_spec
+    from jobs.backends import job_spec
 
     return mpijob.new_mpijob(job_spec(job), cluster_spec(job.cluster, job.charged_group))
 
@@ -162,31 +163,3 @@ def check(cluster):
     except Exception as exc:
         return False, _message(exc)
     return True, f"reachable; MPIJobs can be listed in {namespace}"
-
-
-class ClusterUse:
-    """The clusters' part of one admission pass (under the scheduler lock): GPUs of launching
-    and running jobs per cluster, against each cluster's `gpu_limit`."""
-
-    def __init__(self):
-        from django.db.models import Sum
-
-        from .models import ACTIVE_STATES, Backend, Job
-
-        self.limits = {pk: (name, limit) for pk, name, limit in
-                       Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
-        self.in_use = dict(Job.objects.filter(backend=Backend.KUBERNETES, state__in=ACTIVE_STATES,
-                                              cluster__in=list(self.limits)).order_by()
-                           .values_list("cluster").annotate(n=Sum("gpus")).values_list("cluster", "n"))
-
-    def why_waiting(self, cluster_id, gpus):
-        if cluster_id not in self.limits:
-            return None
-        name, limit = self.limits[cluster_id]
-        in_use = self.in_use.get(cluster_id, 0)
-        if in_use + gpus > limit:
-            return f"waiting for capacity on cluster {name}: {in_use} of {limit} GPUs in use, this job needs {gpus}"
-        return None
-
-    def charge(self, cluster_id, gpus):
-        self.in_use[cluster_id] = self.in_use.get(cluster_id, 0) + gpus

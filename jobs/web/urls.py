@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import usage_views, views
+from jobs.web import usage_views, views
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),

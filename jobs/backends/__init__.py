@@ -1,0 +1,73 @@
+"""The enabled backends, loaded from settings.RINGMASTER_BACKENDS (dotted paths of
+jobs.backends.base.Backend subclasses), the way django.contrib.auth loads
+AUTHENTICATION_BACKENDS. The rest of the portal asks here for a job's backend and never
+branches on a backend's name.
+"""
+from functools import lru_cache
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from runners.base import JobSpec
+
+
+class UnknownBackend(LookupError):
+    pass
+
+
+@lru_cache(maxsize=8)
+def _load(paths):
+    loaded = {}
+    for path in paths:
+        backend = import_string(path)()
+        if not backend.name or backend.name in loaded:
+            raise ValueError(f"RINGMASTER_BACKENDS: {path} has no name or repeats {backend.name!r}")
+        loaded[backend.name] = backend
+    return loaded
+
+
+def _enabled():
+    return _load(tuple(settings.RINGMASTER_BACKENDS))
+
+
+def enabled():
+    """The enabled backends, in the setting's order."""
+    return list(_enabled().values())
+
+
+def names():
+    return list(_enabled())
+
+
+def get(name):
+    try:
+        return _enabled()[name]
+    except KeyError:
+        raise UnknownBackend(f"backend {name!r} is not enabled on this portal "
+                             f"(enabled: {', '.join(names()) or 'none'})") from None
+
+
+def of(job):
+    """The backend of `job` (a Job, or anything with a `backend` name)."""
+    return get(job.backend)
+
+
+def label(name):
+    backend = _enabled().get(name)
+    return backend.label if backend else name
+
+
+def job_spec(job):
+    """The plain JobSpec a runner gets (runners never see the database)."""
+    return JobSpec(
+        job_id=job.pk,
+        gpus=job.gpus,
+        python=job.image.python,
+        script_name=job.script.name if job.script_id else "",
+        script_content=job.script.content if job.script_id else None,
+        script_path=job.script_path or None,
+        args=tuple(job.args),
+        env=dict(job.env),
+        time_limit_seconds=job.time_limit_minutes * 60,
+        container_image=job.image.container_image,
+    )

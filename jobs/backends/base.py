@@ -1,0 +1,151 @@
+"""What a backend is: everything that differs between the ways Ringmaster runs a job.
+
+A backend is a class in its own module under jobs/backends/, enabled by listing its dotted path
+in settings.RINGMASTER_BACKENDS (jobs.backends loads them, as django.contrib.auth loads
+AUTHENTICATION_BACKENDS). It answers for its jobs in four places, and nowhere else does the
+portal ask which backend a job has:
+
+- submission: its own fields and limits (clean), what they become on the Job (job_fields);
+- admission: how many GPUs it can hold (capacity), why a job waits, and what an admitted job
+  holds until it ends (admission(), release());
+- running: the runner and what a launch leaves behind (runner(), after_launch());
+- the job page: links it adds, and the object it creates for a job (document()).
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A queued job as one admission pass sees it (a row, not a model: the pass reads thousands)."""
+
+    pk: int
+    owner_id: int
+    owner: str
+    group_id: int | None
+    group: str
+    backend: str
+    cluster_id: int | None
+    gpus: int
+    held: bool
+    held_by: str | None
+    reason: str
+
+
+class Admission:
+    """A backend's part of one admission pass, under the scheduler's lock.
+
+    The scheduler asks, job by job in queue order: is the capacity this job needs already
+    reserved by an earlier job that waits (capacity_key, behind)? If not, does it fit now
+    (why_waiting)? A job that fits is admitted and charged (admitted_message, charge), so the
+    next job of the same pass sees the GPUs it took.
+
+    The default: `backend.capacity()` GPUs at once (None: no limit), counted from the jobs that
+    are launching or running on the backend (`book.backend_gpus`).
+    """
+
+    def __init__(self, backend, book):
+        self.backend, self.book = backend, book
+        self._capacity = None
+        self._capacity_read = False
+
+    def capacity_key(self, job):
+        """What a waiting job reserves, so a later smaller job does not take it first."""
+        return ("capacity", self.backend.name)
+
+    def behind(self, job):
+        return f"waiting behind an earlier job for capacity ({self.backend.name})"
+
+    def why_waiting(self, job):
+        """Why `job` cannot start now, or None: it fits."""
+        if not self._capacity_read:
+            self._capacity, self._capacity_read = self.backend.capacity(), True
+        if self._capacity is None:
+            return None
+        in_use = self.book.backend_gpus(self.backend.name)
+        if in_use + job.gpus > self._capacity:
+            return f"waiting for capacity: {in_use} of {self._capacity} GPUs in use, this job needs {job.gpus}"
+        return None
+
+    def admitted_message(self, job):
+        return "admitted"
+
+    def charge(self, job):
+        """Record what the admitted `job` now holds (its GPUs in the book are counted already)."""
+
+
+class Backend:
+    name = ""            # stored in Job.backend; what the API's "backend" takes
+    label = ""           # what the job form shows
+    # A launch still LAUNCHING after RINGMASTER_LAUNCH_TIMEOUT_SECONDS is failed by reconcile.
+    # False for a backend whose jobs wait in a scheduler of their own (a cluster's).
+    launch_times_out = True
+    admission_class = Admission
+
+    def __str__(self):
+        return self.name
+
+    # --- submission -----------------------------------------------------------------------
+    def offered(self):
+        """Whether the job form offers this backend (False while nothing stands behind it)."""
+        return True
+
+    def page_fields(self):
+        """Fields of its own for the browser's job form: {name: django.forms.Field}."""
+        return {}
+
+    def largest_job(self):
+        """The most GPUs one job may ask for here, or None: no limit of the backend's own."""
+        return None
+
+    def clean(self, form, data):
+        """Check a submission's backend-specific fields; report with form.add_error(field, text).
+        `data` is the form's cleaned data and may be completed (e.g. a default cluster)."""
+        if data.get("cluster") is not None:
+            form.add_error("cluster", f"The {self.name} backend takes no cluster.")
+        limit, gpus = self.largest_job(), data.get("gpus")
+        if limit is not None and gpus and gpus > limit and "gpus" not in form.errors:
+            form.add_error("gpus", self.too_large(limit))
+
+    def too_large(self, limit):
+        return f"The {self.name} backend runs at most {limit} GPUs per job."
+
+    def job_fields(self, data):
+        """The Job fields this backend sets from the cleaned data."""
+        return {"cluster": None}
+
+    def resubmit_fields(self, job):
+        """The API-shaped fields of this backend to submit `job` again."""
+        return {}
+
+    # --- admission --------------------------------------------------------------------------
+    def capacity(self):
+        """GPUs this backend can run at once; None where it queues beyond its size itself."""
+        return None
+
+    def admission(self, book):
+        return self.admission_class(self, book)
+
+    def release(self, job_id):
+        """Free what the job held (it has ended, whichever way; inside that transaction)."""
+
+    # --- running ----------------------------------------------------------------------------
+    def runner(self, job):
+        """The runners.base.Runner that runs `job`."""
+        raise NotImplementedError
+
+    def after_launch(self, job, runner, error=None):
+        """Keep what a launch (or a failed one) taught the backend."""
+
+    # --- the job page -------------------------------------------------------------------------
+    def links(self, job):
+        """[(label, url, element id)] the job page adds for this backend."""
+        return []
+
+    def document(self, job):
+        """(kind, the object as JSON-ready data) this backend creates for `job`, or None.
+        Raises ValueError naming what keeps it from being made."""
+        return None
+
+    def document_problems(self, document):
+        """What the system that receives `document` would refuse in it ([] if nothing)."""
+        return []

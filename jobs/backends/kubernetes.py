@@ -1,0 +1,132 @@
+"""The kubernetes backend: each job an MPIJob (kubeflow.org/v2beta1) on a registered cluster,
+through the official client (runners.kubernetes); connection and MPIJob settings per cluster
+live in jobs.backends.clusters."""
+from django import forms
+from django.db.models import Q, Sum
+from django.urls import reverse
+
+from jobs.backends.base import Admission, Backend
+from jobs.backends.clusters import ClusterError, default_cluster, namespace_for, render, runner_for
+from jobs.models import ACTIVE_STATES, Cluster, Job
+from runners import mpijob
+
+
+class ClusterAdmission(Admission):
+    """GPUs of launching and running jobs per cluster, against each cluster's `gpu_limit`
+    (read once per pass). A cluster without a limit queues the jobs itself."""
+
+    def __init__(self, backend, book):
+        super().__init__(backend, book)
+        self.limits = {pk: (name, limit) for pk, name, limit in
+                       Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
+        self.in_use = dict(Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES,
+                                              cluster__in=list(self.limits)).order_by()
+                           .values_list("cluster").annotate(n=Sum("gpus")).values_list("cluster", "n"))
+
+    def capacity_key(self, job):
+        return ("capacity", self.backend.name, job.cluster_id)
+
+    def behind(self, job):
+        return "waiting behind an earlier job for capacity on its cluster"
+
+    def why_waiting(self, job):
+        if job.cluster_id not in self.limits:
+            return None
+        name, limit = self.limits[job.cluster_id]
+        in_use = self.in_use.get(job.cluster_id, 0)
+        if in_use + job.gpus > limit:
+            return f"waiting for capacity on cluster {name}: {in_use} of {limit} GPUs in use, this job needs {job.gpus}"
+        return None
+
+    def charge(self, job):
+        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + job.gpus
+
+
+def _enabled_clusters():
+    return Cluster.objects.filter(enabled=True)
+
+
+def _cluster_names():
+    return ", ".join(_enabled_clusters().values_list("name", flat=True))
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+    label = "Kubernetes (MPIJob)"
+    # A job stays LAUNCHING while the cluster schedules it and pulls its image, and its launch is
+    # an idempotent create: reconcile re-attaches to it rather than failing it.
+    launch_times_out = False
+    admission_class = ClusterAdmission
+
+    def offered(self):
+        return _enabled_clusters().exists()
+
+    def page_fields(self):
+        if not self.offered():
+            return {}
+        return {"cluster": forms.ModelChoiceField(queryset=_enabled_clusters(), required=False, empty_label="—",
+                                                  help_text="For the Kubernetes backend.")}
+
+    def clean(self, form, data):
+        """The cluster a kubernetes job goes to (by name or id; none: the only one), and what
+        the job needs there."""
+        if "cluster" in form.errors:
+            return
+        cluster = self._cluster(form, data.get("cluster"))
+        if cluster is None:
+            return
+        data["cluster"] = cluster
+        gpus = data.get("gpus")
+        if cluster.gpu_limit is not None and gpus and gpus > cluster.gpu_limit and "gpus" not in form.errors:
+            form.add_error("gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
+        image = data.get("image")
+        if image is not None and not image.container_image:
+            form.add_error("image", f"Image {image.name} has no container image, so it cannot run on Kubernetes.")
+        if "group" not in form.errors:
+            try:
+                namespace_for(cluster, data.get("group"))
+            except ClusterError as exc:
+                form.add_error("group", str(exc))
+
+    @staticmethod
+    def _cluster(form, value):
+        if isinstance(value, Cluster):
+            return value
+        value = (value or "").strip()
+        if not value:
+            cluster = default_cluster()
+            if cluster is None:
+                names = _cluster_names()
+                form.add_error("cluster", f"Choose a cluster: {names}." if names else "No Kubernetes cluster is set up.")
+            return cluster
+        query = Q(name=value) | (Q(pk=int(value)) if value.isdigit() else Q())
+        cluster = _enabled_clusters().filter(query).first()
+        if cluster is None:
+            form.add_error("cluster", f"No enabled cluster {value!r}. Available: {_cluster_names() or 'none'}.")
+        return cluster
+
+    def job_fields(self, data):
+        return {"cluster": data.get("cluster")}
+
+    def resubmit_fields(self, job):
+        return {"cluster": job.cluster.name} if job.cluster_id else {}
+
+    def runner(self, job):
+        return runner_for(job)
+
+    def links(self, job):
+        if not job.cluster_id:
+            return []
+        return [("View MPIJob", reverse("job-mpijob", args=[job.pk]), "view-mpijob")]
+
+    def document(self, job):
+        if not job.cluster_id:
+            return None
+        return "MPIJob", render(job)
+
+    def document_problems(self, document):
+        try:
+            mpijob.validate(document)
+        except mpijob.InvalidMPIJob as exc:
+            return exc.problems
+        return []

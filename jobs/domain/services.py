@@ -1,0 +1,105 @@
+"""What users and admins do to jobs: submit, cancel, hold, release, reprioritise, store a script.
+
+Views, the API, Celery tasks and management commands all come through here; admission and
+queue positions are the scheduler's (jobs.domain.scheduler).
+"""
+from django.db import IntegrityError, transaction
+
+from jobs import backends, taskqueue
+from jobs.domain import states
+from jobs.domain.states import NotQueued  # noqa: F401  (callers catch it from here)
+from jobs.models import Job, Script, State
+
+
+class CannotCancel(Exception):
+    pass
+
+
+def visible_jobs(user):
+    """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
+    jobs = Job.objects.select_related("owner", "image", "script", "charged_group", "cluster")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def submit(user, form):
+    """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it."""
+    fields = form.job_fields()
+    upload = form.cleaned_data.get("script_file")
+    with transaction.atomic():
+        if upload:
+            fields["script"] = store_script(user, upload)
+            fields["script_path"] = ""
+        job = Job.objects.create(owner=user, state=State.QUEUED, reason="waiting for the scheduler", **fields)
+        states.submitted(job, by=user)
+        taskqueue.wake_scheduler(job.pk)
+    return job
+
+
+def resubmit_data(job):
+    """The API-shaped settings of `job`, to submit it again."""
+    data = {
+        "name": job.name, "image": job.image_id, "gpus": job.gpus, "args": job.args, "env": job.env,
+        "backend": job.backend, "time_limit_minutes": job.time_limit_minutes,
+    }
+    if job.charged_group_id:
+        data["group"] = job.charged_group.name
+    data.update(backends.of(job).resubmit_fields(job))
+    if job.script_id:
+        data["script"] = job.script_id
+    else:
+        data["script_path"] = job.script_path
+    return data
+
+
+def store_script(owner, upload):
+    """Keep an uploaded script by content hash; the same file uploaded twice is stored once.
+
+    `upload` is ScriptUploadForm's cleaned `file`: {"name", "content", "sha256", "size"}.
+    """
+    lookup = {"owner": owner, "name": upload["name"], "sha256": upload["sha256"]}
+    try:
+        with transaction.atomic():
+            script, _ = Script.objects.get_or_create(
+                **lookup, defaults={"content": upload["content"], "size": upload["size"]}
+            )
+    except IntegrityError:  # the same upload, twice at once
+        script = Script.objects.get(**lookup)
+    return script
+
+
+def _change_queued(job, by, message, **fields):
+    """Change a queued job's scheduling fields, record who did it, and let the scheduler look."""
+    with transaction.atomic():
+        changed = states.change_queued(job.pk, message, **fields)
+        taskqueue.wake_scheduler(job.pk)
+    return changed
+
+
+def hold(job, by):
+    """Keep a queued job from being admitted until it is released."""
+    name = by.get_username()
+    return _change_queued(job, by, f"held by {name}", held=True, held_by=by, reason=f"held by {name}")
+
+
+def release(job, by):
+    return _change_queued(job, by, f"released by {by.get_username()}", held=False, held_by=None,
+                          reason="waiting for the scheduler")
+
+
+def set_priority(job, priority, by):
+    return _change_queued(job, by, f"priority set to {priority} by {by.get_username()}", priority=priority)
+
+
+def cancel(job, by):
+    """Cancel a job. A queued job ends at once; a running one is stopped by a worker."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.is_terminal:
+            raise CannotCancel(f"job {job.pk} has already ended ({locked.state.lower()})")
+        if locked.state == State.QUEUED:
+            # It may have been the job others waited behind: let the scheduler look again.
+            taskqueue.wake_scheduler()
+            return states.transition(job.pk, State.CANCELLED, message=f"cancelled by {by.get_username()}")
+        if states.request_cancel(locked, f"cancel requested by {by.get_username()}"):
+            taskqueue.stop_job(job.pk)
+    return locked

@@ -1,0 +1,178 @@
+"""The job state machine: the one place where a job's state changes.
+
+    QUEUED -> LAUNCHING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+    QUEUED | LAUNCHING -> CANCELLED,  QUEUED | LAUNCHING -> FAILED (launch trouble)
+
+transition() locks the job row, checks the move, saves the job and records a JobEvent in the
+same transaction, and tells live viewers once the transaction commits.
+
+This module is also the one writer of what a job says about itself while its state stays: its
+reason, its events (submitted, held, cancel requested, ...), and their announcements.
+"""
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import backends
+from jobs.domain.live import publish_state, publish_states
+from jobs.models import Job, JobEvent, State
+
+ALLOWED = {
+    State.QUEUED: {State.LAUNCHING, State.CANCELLED, State.FAILED},
+    State.LAUNCHING: {State.RUNNING, State.CANCELLED, State.FAILED, State.SUCCEEDED},
+    State.RUNNING: {State.SUCCEEDED, State.FAILED, State.CANCELLED},
+    State.SUCCEEDED: set(),
+    State.FAILED: set(),
+    State.CANCELLED: set(),
+}
+# LAUNCHING -> SUCCEEDED: a job so short that its end is seen before its start was recorded.
+
+# Fields a transition may set along with the state.
+_SETTABLE = {"reason", "exit_code", "failed_rank", "gpu_seconds"}
+
+
+class IllegalTransition(Exception):
+    def __init__(self, job, target):
+        super().__init__(f"job {job.pk}: {job.state} -> {target} is not allowed")
+        self.job, self.target = job, target
+
+
+def can_transition(current, target):
+    return target in ALLOWED[State(current)]
+
+
+def transition(job_id, target, *, message="", expect=None, **fields):
+    """Move job `job_id` to `target`; return the saved Job.
+
+    `expect` (a set of states): if the job's current state is not in it, nothing changes and
+    None is returned. This is how two processes racing to finish one job stay harmless.
+    Any other illegal move raises IllegalTransition.
+    """
+    unknown = set(fields) - _SETTABLE
+    if unknown:
+        raise TypeError(f"transition() cannot set {sorted(unknown)}")
+    target = State(target)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if expect is not None and job.state not in expect:
+            return None
+        if not can_transition(job.state, target):
+            raise IllegalTransition(job, target)
+        now = timezone.now()
+        job.state = target
+        for name, value in fields.items():
+            setattr(job, name, value)
+        if target == State.RUNNING and job.started_at is None:
+            job.started_at = now
+        if target in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
+            job.finished_at = now
+            # The one place what a job holds is freed: whichever way it ended, in this transaction.
+            _release(job)
+            if job.started_at and "gpu_seconds" not in fields:
+                job.gpu_seconds = (now - job.started_at).total_seconds() * job.gpus
+        if target != State.QUEUED and "reason" not in fields:
+            job.reason = ""
+        job.save()
+        JobEvent.objects.create(job=job, state=target, message=message or fields.get("reason", ""))
+        transaction.on_commit(lambda: _announce(job))
+    return job
+
+
+def set_reason(job_id, reason):
+    """Change the reason of a job that stays in its state (e.g. why it is still queued)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.reason == reason:
+            return job
+        job.reason = reason
+        job.save(update_fields=["reason"])
+        JobEvent.objects.create(job=job, message=reason)
+        transaction.on_commit(lambda: _announce(job))
+    return job
+
+
+def _release(job):
+    try:
+        backend = backends.of(job)
+    except backends.UnknownBackend:   # a backend no longer enabled holds nothing here
+        return
+    backend.release(job.pk)
+
+
+def submitted(job, by):
+    """Record a new QUEUED job's first event (in the transaction that created it)."""
+    JobEvent.objects.create(job=job, state=State.QUEUED, message=f"submitted by {by.get_username()}")
+
+
+class NotQueued(Exception):
+    pass
+
+
+def change_queued(job_id, message, **fields):
+    """Change a queued job's scheduling fields (held, priority, ...) and record why."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state != State.QUEUED:
+            raise NotQueued(f"job {job_id} is not queued ({job.state.lower()})")
+        for name, value in fields.items():
+            setattr(job, name, value)
+        job.save(update_fields=list(fields))
+        JobEvent.objects.create(job=job, message=message)
+        transaction.on_commit(lambda: _announce(job))
+    return job
+
+
+def request_cancel(job, message):
+    """Mark a locked, active job for stopping (once); returns whether it was newly marked."""
+    if job.cancel_requested:
+        return False
+    job.cancel_requested = True
+    job.save(update_fields=["cancel_requested"])
+    JobEvent.objects.create(job=job, message=message)
+    return True
+
+
+def set_queue_reasons(reasons, old_reasons):
+    """Store new reasons of still-queued jobs ({id: reason}) in a few statements, and tell
+    live viewers.
+
+    A job's events record what it waits for when that changes (quota, capacity, held, ...),
+    not every change of the numbers or of the job it waits behind, so a job that waits for a
+    day does not collect thousands of events.
+    """
+    by_reason = {}
+    for pk, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(pk)
+    for reason, ids in by_reason.items():
+        for start in range(0, len(ids), 1000):
+            Job.objects.filter(pk__in=ids[start:start + 1000], state=State.QUEUED).update(reason=reason)
+    JobEvent.objects.bulk_create(
+        [JobEvent(job_id=pk, message=reason) for pk, reason in reasons.items()
+         if _waits_for(reason) != _waits_for(old_reasons[pk])],
+        batch_size=1000,
+    )
+    announced = [_Announced(pk, State.QUEUED, reason) for pk, reason in reasons.items()]
+    if announced:
+        transaction.on_commit(lambda: publish_states(announced))
+
+
+_WAITS_FOR = {
+    "waiting for quota": "quota", "waiting behind an earlier job for the quota": "quota",
+    "waiting for capacity": "capacity", "waiting behind an earlier job for capacity": "capacity",
+    "waiting for instances": "capacity",
+}
+
+
+def _waits_for(reason):
+    """What a waiting job waits for, without the numbers: "quota", "capacity", or the reason."""
+    return next((kind for prefix, kind in _WAITS_FOR.items() if reason.startswith(prefix)), reason)
+
+
+class _Announced:
+    """What live viewers are told about a job (its id, state and reason)."""
+
+    def __init__(self, pk, state, reason):
+        self.pk, self.state, self.reason = pk, state, reason
+
+
+def _announce(job):
+    publish_state(job)

@@ -1,0 +1,40 @@
+"""Queue the portal's Celery tasks by name, once the current transaction commits.
+
+The domain asks for work to be done (admit the queue, run a job, stop one) without importing
+jobs.tasks, which imports the domain: the tasks are sent by name through the Celery app.
+"""
+from celery import current_app
+from django.db import transaction
+
+
+class Send:
+    """An on-commit callback that sends task `jobs.tasks.<task>` with `args`."""
+
+    def __init__(self, task, *args):
+        self.task, self.args = task, args
+
+    def __call__(self):
+        current_app.send_task(f"jobs.tasks.{self.task}", args=self.args)
+
+    def __repr__(self):
+        return f"Send({self.task!r}, *{self.args!r})"
+
+
+def sent(callbacks):
+    """The names of the tasks among on-commit `callbacks` (for tests and logs)."""
+    return [callback.task for callback in callbacks if isinstance(callback, Send)]
+
+
+def wake_scheduler(job_id=None):
+    """Let the scheduler look at the queue (a job was submitted, ended, or capacity changed)."""
+    transaction.on_commit(Send("dispatch", *(() if job_id is None else (job_id,))))
+
+
+def run_job(job_id):
+    """Launch and follow an admitted job in a worker."""
+    transaction.on_commit(Send("run_job", job_id))
+
+
+def stop_job(job_id):
+    """Stop a job whose cancel was requested."""
+    transaction.on_commit(Send("stop_job", job_id))
