@@ -3,7 +3,7 @@
 import pytest
 from django.db import connection
 
-from jobs.domain import scheduler, services, states
+from jobs.domain import scheduler, states
 from jobs.models import Job, JobEvent, Script, State
 from tests.conftest import admit_from_threads
 

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from rest_framework.authtoken.models import Token
 from websockets.asyncio.client import connect
 
-from jobs.domain import scheduler, services, states
+from jobs.domain import scheduler, states
 from jobs.models import Job, Script, State
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
