@@ -80,6 +80,9 @@ class Backend:
     # False for a backend whose jobs wait in a scheduler of their own (a cluster's).
     launch_times_out = True
     admission_class = Admission
+    # How this backend's reasons for a job waiting on capacity begin (Admission.why_waiting and
+    # behind): a job's events record a change of what it waits for, not of the numbers.
+    capacity_words = ("waiting for capacity", "waiting behind an earlier job for capacity")
 
     def __str__(self):
         return self.name

@@ -153,6 +153,7 @@ class InstancesBackend(Backend):
     name = "instances"
     label = "GPU instances over SSH"
     admission_class = InstancesAdmission
+    capacity_words = Backend.capacity_words + ("waiting for instances",)
 
     def capacity(self):
         """GPUs of the healthy, enabled instances."""

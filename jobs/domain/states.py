@@ -155,16 +155,17 @@ def set_queue_reasons(reasons, old_reasons):
         transaction.on_commit(lambda: publish_states(announced))
 
 
-_WAITS_FOR = {
-    "waiting for quota": "quota", "waiting behind an earlier job for the quota": "quota",
-    "waiting for capacity": "capacity", "waiting behind an earlier job for capacity": "capacity",
-    "waiting for instances": "capacity",
-}
+_QUOTA_WORDS = ("waiting for quota", "waiting behind an earlier job for the quota")
 
 
 def _waits_for(reason):
-    """What a waiting job waits for, without the numbers: "quota", "capacity", or the reason."""
-    return next((kind for prefix, kind in _WAITS_FOR.items() if reason.startswith(prefix)), reason)
+    """What a waiting job waits for, without the numbers: "quota", "capacity" (in any
+    backend's words: Backend.capacity_words), or the reason itself."""
+    if reason.startswith(_QUOTA_WORDS):
+        return "quota"
+    if any(reason.startswith(backend.capacity_words) for backend in backends.enabled()):
+        return "capacity"
+    return reason
 
 
 class _Announced:

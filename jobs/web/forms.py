@@ -321,7 +321,7 @@ class JobPageForm(JobForm):
         self.fields["backend"].choices = [(backend.name, backend.label) for backend in offered]
         self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
         self.fields["gpus"].help_text = (
-            "On the local backend each GPU is one process; on a machine without GPUs they run on the CPU."
+            "On this machine each GPU is one process; on a machine without GPUs they run on the CPU."
         )
         self.fields["gpus"].initial = 2
         self.fields["script_path"].help_text = "Or a path to a script inside the image."
