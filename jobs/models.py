@@ -399,3 +399,17 @@ class Cluster(models.Model):
         from jobs.secrets import decrypt
 
         return decrypt(self.kubeconfig_encrypted) if self.kubeconfig_encrypted else ""
+
+
+class Installation(models.Model):
+    """This portal's id: part of every name it gives outside its database (job folders on
+    instances, MPIJobs and their labels), so two portals that reach the same instance or
+    namespace, or one portal whose database was reset, never take each other's jobs. Made once,
+    at random, with the database (jobs.installation); RINGMASTER_INSTALLATION_ID overrides it."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    ident = models.CharField(max_length=12, help_text="Lowercase letters and digits.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.ident

@@ -208,6 +208,9 @@ RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS", "")
 RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS", "60"))
 # The backend of a job that names none: local, instances or kubernetes.
 RINGMASTER_DEFAULT_BACKEND = os.environ.get("RINGMASTER_DEFAULT_BACKEND", "local")
+# This portal's id in the names it gives outside its database (job folders, MPIJobs, labels).
+# Unset: one made at random with the database and kept there (jobs.models.Installation).
+RINGMASTER_INSTALLATION_ID = os.environ.get("RINGMASTER_INSTALLATION_ID", "")
 # The enabled backends, by dotted path (jobs.backends.base.Backend subclasses): a job's `backend`
 # is one of their names. Space- or comma-separated in the environment.
 RINGMASTER_BACKENDS = os.environ.get(

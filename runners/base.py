@@ -22,10 +22,14 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     time_limit_seconds: int | None = None
     container_image: str = ""        # the Kubernetes backend's image
+    installation: str = ""           # the portal's id: in every name it gives outside its database
 
     @property
     def name(self):
-        """The name every backend derives from the job id (also a valid DNS-1035 label)."""
+        """The name every backend derives from the portal's id and the job id (job folders,
+        MPIJobs): unique per installation, and a valid DNS-1035 label."""
+        if self.installation:
+            return f"rm-{self.installation}-{self.job_id}"
         return f"rm-job-{self.job_id}"
 
     def training_command(self):

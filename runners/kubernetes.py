@@ -112,8 +112,7 @@ class KubernetesRunner(Runner):
             existing = self._get_mpijob(spec)
             if existing is None:
                 raise KubernetesError(f"MPIJob {spec.name} exists and vanished again; retrying")
-            job_id = existing.get("metadata", {}).get("labels", {}).get(mpijob.JOB_ID_LABEL)
-            if job_id != str(spec.job_id):
+            if not mpijob.made_for(existing, spec):
                 raise KubernetesError(f"an MPIJob named {spec.name} already exists in {self.namespace} "
                                       "and was not created by this portal")
             return existing, True

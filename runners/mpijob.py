@@ -23,6 +23,7 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"   # set by the operator on eve
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "ringmaster"}
 JOB_ID_LABEL = "ringmaster.io/job-id"
+INSTALLATION_LABEL = "ringmaster.io/installation"    # the portal that made it
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 LAUNCHERS = ("mpirun", "horovodrun")
@@ -108,8 +109,18 @@ def launcher_command(spec, cluster, np):
             "-map-by", "slot", *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
 
 
+def made_for(existing, spec):
+    """Whether an MPIJob found under `spec`'s name was made by this portal for this job (its
+    labels name the job and the installation): only then may a retried launch adopt it."""
+    labels = (existing or {}).get("metadata", {}).get("labels", {}) or {}
+    return (labels.get(JOB_ID_LABEL) == str(spec.job_id)
+            and labels.get(INSTALLATION_LABEL, "") == spec.installation)
+
+
 def _labels(spec, cluster=None):
     labels = {**MANAGED_BY, JOB_ID_LABEL: str(spec.job_id)}
+    if spec.installation:
+        labels[INSTALLATION_LABEL] = spec.installation
     if cluster is not None and cluster.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
     return labels

@@ -26,6 +26,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=slow)
 
 
+def job_name(job_id):
+    """The name the portal gives job `job_id` outside its database (folder, MPIJob): with this
+    installation's id, read from the database the worker and the web server share."""
+    from jobs.installation import installation_id
+
+    return f"rm-{installation_id()}-{job_id}"
+
+
 def wait_for(condition, timeout=60.0, interval=0.1, message="condition"):
     """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -288,7 +296,7 @@ def job_processes(job_id):
     """Live processes that carry the marker of this test session's job `job_id`."""
     from runners.local import JOB_MARKER
 
-    marker = str((Path(settings.RINGMASTER_JOBS_DIR) / f"rm-job-{job_id}").resolve())
+    marker = str((Path(settings.RINGMASTER_JOBS_DIR) / job_name(job_id)).resolve())
     found = []
     for process in psutil.process_iter():
         try:

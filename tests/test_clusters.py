@@ -11,6 +11,7 @@ from django.db import connection
 
 from jobs.models import Cluster, Image, Job
 from runners import mpijob
+from tests.conftest import job_name
 
 pytestmark = pytest.mark.django_db
 
@@ -145,7 +146,7 @@ def test_a_namespace_per_group_needs_a_group(alice_api, alice, cluster, k8s_imag
 def test_render_mpijob_prints_the_valid_mpijob_without_reaching_the_cluster(alice_api, cluster, k8s_image):
     job_id = submit(alice_api, args=["--epochs", "3"], env={"LR": "0.1"}).json()["id"]
     document = json.loads(run("render_mpijob", str(job_id)))
-    assert document["metadata"]["name"] == f"rm-job-{job_id}"
+    assert document["metadata"]["name"] == job_name(job_id)
     assert document["spec"]["slotsPerWorker"] == 8
     assert document["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert mpijob.schema_problems(document) == [] and mpijob.controller_problems(document) == []
@@ -169,7 +170,7 @@ def test_the_job_page_links_the_mpijob_which_only_its_owner_and_staff_see(
     page = client.get(f"/jobs/{job_id}/").content.decode()
     assert f'href="/jobs/{job_id}/mpijob/"' in page and "View MPIJob" in page
     shown = client.get(f"/jobs/{job_id}/mpijob/")
-    assert shown.status_code == 200 and f"rm-job-{job_id}" in shown.content.decode()
+    assert shown.status_code == 200 and job_name(job_id) in shown.content.decode()
     document = client.get(f"/jobs/{job_id}/mpijob/?format=json").json()
     assert document == json.loads(run("render_mpijob", str(job_id)))
     client.force_login(make_user("mallory"))

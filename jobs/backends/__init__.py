@@ -8,6 +8,7 @@ from functools import lru_cache
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from jobs.installation import installation_id
 from runners.base import JobSpec
 
 
@@ -70,4 +71,5 @@ def job_spec(job):
         env=dict(job.env),
         time_limit_seconds=job.time_limit_minutes * 60,
         container_image=job.image.container_image,
+        installation=installation_id(),
     )

@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from rest_framework.authtoken.models import Token
 
 from jobs.models import ACTIVE_STATES, Job, Quota, State
-from tests.conftest import VENV_BIN, Service, WebServer, wait_for, wait_worker_idle
+from tests.conftest import VENV_BIN, Service, WebServer, wait_for, wait_worker_idle, job_name
 from tests.fakebackend import HOLD_ENV, fake_root
 from tests.integration.test_job_lifecycle import submit, wait_state
 
@@ -111,10 +111,10 @@ def test_the_scheduler_keeps_a_job_waiting_for_its_capacity_and_cancel_ends_a_ru
     assert queued.state == State.QUEUED
 
     assert cancel(api, first).state == State.CANCELLED
-    assert (fake_root() / f"rm-job-{first}" / "cancelled").exists()
+    assert (fake_root() / job_name(first) / "cancelled").exists()
     # The GPUs it held are free: the waiting job is admitted and runs.
     assert wait_state(second, ENDED).state == State.SUCCEEDED
-    assert not (fake_root() / f"rm-job-{second}" / "cancelled").exists()
+    assert not (fake_root() / job_name(second) / "cancelled").exists()
 
 
 def test_a_users_quota_on_the_fake_backend_applies(api):

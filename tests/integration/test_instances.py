@@ -14,7 +14,7 @@ from runners import ssh as ssh_runner
 from tests import sshd
 import psutil
 
-from tests.conftest import admit_from_threads, run_to_end, wait_for, wait_worker_idle
+from tests.conftest import admit_from_threads, run_to_end, wait_for, wait_worker_idle, job_name
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -66,7 +66,7 @@ def submit(http, **fields):
 
 def job_processes(sshds, job_id):
     """Live processes of job `job_id` on the instances (this machine): its job-folder marker."""
-    marker = str((sshds["work_dir"] / f"rm-job-{job_id}").resolve())
+    marker = str((sshds["work_dir"] / job_name(job_id)).resolve())
     found = []
     for process in psutil.process_iter():
         try:
@@ -128,7 +128,7 @@ def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     assert "gpu-a" in running_event(job_id) and "-H localhost:2" in running_event(job_id)
     assert_complete(job_id, 20)
     assert not SlotAllocation.objects.exists()                                  # released at the end
-    assert (sshds["work_dir"] / f"rm-job-{job_id}" / "exit_code").read_text().strip() == "0"
+    assert (sshds["work_dir"] / job_name(job_id) / "exit_code").read_text().strip() == "0"
 
 
 def test_two_instances_share_one_two_host_job(http, sshds):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from jobs.models import Cluster, Image, Job, JobEvent, State
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, wait_for, job_name
 from tests.fakekube import FakeKube, Scenario, default_output
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
@@ -71,17 +71,17 @@ def test_a_two_worker_job_runs_to_success_with_every_rank_line_stored(http, fake
     assert job.exit_code == 0
     states = [state for state, _ in events(job_id) if state]
     assert states == [State.QUEUED, State.LAUNCHING, State.RUNNING, State.SUCCEEDED]
-    assert any(message.startswith(f"created the MPIJob {NS}/rm-job-{job_id}") for _, message in events(job_id))
+    assert any(message.startswith(f"created the MPIJob {NS}/{job_name(job_id)}") for _, message in events(job_id))
     assert texts(job_id) == expected(2)
 
-    mpijob = fake.mpijob(NS, f"rm-job-{job_id}")
+    mpijob = fake.mpijob(NS, job_name(job_id))
     spec = mpijob["spec"]
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2 and spec["slotsPerWorker"] == 1
     command = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
     assert command[-3:] == ["/ringmaster/script/count_lines.py", "--epochs", "2"] and "LR" in command
     script = fake.configmaps(NS)
     assert [c["metadata"]["name"] for c in script if c["metadata"]["name"].endswith("-script")] == \
-        [f"rm-job-{job_id}-script"]
+        [f"{job_name(job_id)}-script"]
     assert creates(fake) - before == 1
 
 
@@ -111,7 +111,7 @@ def test_cancel_deletes_the_mpijob_its_pods_and_its_configmap(http, fake, cluste
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold)
     job_id = submit(http, script=upload(http))
-    name = f"rm-job-{job_id}"
+    name = job_name(job_id)
     wait_for(lambda: Job.objects.get(pk=job_id).state == State.RUNNING and stored_lines(job_id),
              timeout=60, message="the job to run")
     assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
@@ -130,7 +130,7 @@ def test_create_answered_500_twice_is_retried_into_exactly_one_mpijob(http, fake
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.SUCCEEDED, job.reason
-    name = f"rm-job-{job_id}"
+    name = job_name(job_id)
     assert creates(fake) - before == 3
     assert [j["metadata"]["name"] for j in fake.mpijobs() if j["metadata"]["name"] == name] == [name]
 
@@ -150,7 +150,7 @@ def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, 
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold)
     job_id = submit(http, name="adopt me")
-    wait_for(lambda: fake.mpijob(NS, f"rm-job-{job_id}"), timeout=60, message="the MPIJob")
+    wait_for(lambda: fake.mpijob(NS, job_name(job_id)), timeout=60, message="the MPIJob")
     hold.set()
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
     # The same job launched again (a retried task) finds its MPIJob by name and adopts it.
@@ -160,8 +160,8 @@ def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, 
     job = Job.objects.select_related("cluster", "image", "script", "charged_group").get(pk=job_id)
     started = runner_for(job).launch(job_spec(job))
     assert started.already_running and "adopted" in started.detail
-    assert len([j for j in fake.mpijobs() if j["metadata"]["name"] == f"rm-job-{job_id}"]) == 1
-    assert render(job)["metadata"]["name"] == f"rm-job-{job_id}"
+    assert len([j for j in fake.mpijobs() if j["metadata"]["name"] == job_name(job_id)]) == 1
+    assert render(job)["metadata"]["name"] == job_name(job_id)
 
 
 def test_a_watch_answered_410_gone_relists_and_the_job_still_finishes(http, fake, cluster):
@@ -191,7 +191,7 @@ def test_a_retried_launcher_is_followed_into_its_new_pod(http, fake, cluster):
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.SUCCEEDED, job.reason
-    assert len(fake.launcher_pods(NS, f"rm-job-{job_id}")) == 2
+    assert len(fake.launcher_pods(NS, job_name(job_id))) == 2
     assert texts(job_id) == [(0, "attempt 1"), (0, "attempt 2")]
 
 
@@ -218,7 +218,7 @@ def test_unschedulable_workers_keep_the_job_launching_with_the_reason(http, fake
                    timeout=60, message="the scheduling reason")
     assert job.state == State.LAUNCHING
     assert job.reason == "not schedulable yet: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-    fake.release_unschedulable(f"rm-job-{job_id}", NS)
+    fake.release_unschedulable(job_name(job_id), NS)
     job = wait_state(job_id, ENDED)
     assert job.state == State.SUCCEEDED, job.reason
 
@@ -231,8 +231,8 @@ def test_a_job_cancelled_while_it_waits_for_nodes_leaves_nothing_on_the_cluster(
     assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
     job = wait_state(job_id, ENDED, timeout=60)
     assert job.state == State.CANCELLED
-    assert fake.mpijob(NS, f"rm-job-{job_id}") is None
-    assert fake.pods(NS, selector=f"training.kubeflow.org/job-name=rm-job-{job_id}") == []
+    assert fake.mpijob(NS, job_name(job_id)) is None
+    assert fake.pods(NS, selector=f"training.kubeflow.org/job-name={job_name(job_id)}") == []
 
 
 def test_a_cluster_without_the_mpijob_crd_fails_the_launch_saying_what_is_missing(http, fake, cluster):
@@ -251,7 +251,7 @@ def test_an_image_that_cannot_be_pulled_fails_after_the_grace_period(http, fake,
     job = wait_state(job_id, ENDED, timeout=60)
     assert job.state == State.FAILED
     assert job.reason.startswith("image pull failed for 2 s: cannot pull image registry.example/horovod:0.28.1")
-    assert fake.mpijob(NS, f"rm-job-{job_id}") is None     # nothing left holding GPUs
+    assert fake.mpijob(NS, job_name(job_id)) is None     # nothing left holding GPUs
 
 
 def test_an_oomkilled_worker_is_named_in_the_failure(http, fake, cluster):
@@ -259,7 +259,7 @@ def test_an_oomkilled_worker_is_named_in_the_failure(http, fake, cluster):
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.FAILED
-    assert job.reason.startswith(f"rank 1 exited with code 137 (worker in pod rm-job-{job_id}-worker-1 was "
+    assert job.reason.startswith(f"rank 1 exited with code 137 (worker in pod {job_name(job_id)}-worker-1 was "
                                  "OOMKilled (memory limit 16Gi))"), job.reason
     assert job.failed_rank == 1
 
@@ -269,7 +269,7 @@ def test_an_evicted_worker_fails_the_job_saying_so(http, fake, cluster):
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.FAILED
-    assert f"(pod rm-job-{job_id}-worker-0 was evicted: The node was low on resource: memory.)" in job.reason, \
+    assert f"(pod {job_name(job_id)}-worker-0 was evicted: The node was low on resource: memory.)" in job.reason, \
         job.reason
 
 
@@ -279,14 +279,14 @@ def test_the_operators_validation_error_fails_the_job_and_removes_the_mpijob(htt
     job = wait_state(job_id, ENDED)
     assert job.state == State.FAILED
     assert job.reason == 'the MPI operator rejected the MPIJob: MPIJob.kubeflow.org "x" is invalid: spec.foo: bad'
-    assert fake.mpijob(NS, f"rm-job-{job_id}") is None
+    assert fake.mpijob(NS, job_name(job_id)) is None
 
 
 def test_an_mpijob_deleted_behind_the_portals_back_fails_the_job(http, fake, cluster):
     fake.scenario = Scenario(hold=threading.Event())
     job_id = submit(http)
     wait_for(lambda: Job.objects.get(pk=job_id).state == State.RUNNING, timeout=60, message="the job to run")
-    fake.delete_mpijob(NS, f"rm-job-{job_id}")
+    fake.delete_mpijob(NS, job_name(job_id))
     job = wait_state(job_id, ENDED)
     assert job.state == State.FAILED
     assert job.reason == "the MPIJob was deleted outside Ringmaster"

@@ -91,7 +91,8 @@ class Backend:
         """A new runner object with this backend's (same) settings."""
         raise NotImplementedError
 
-    def spec(self, plan):
+    def spec(self, plan, job_id=None, installation=""):
+        """A new job (or job `job_id` of portal `installation`) that runs `plan`."""
         raise NotImplementedError
 
     def release(self, spec):
@@ -119,10 +120,10 @@ class ScriptBackend(Backend):
         super().__init__()
         self.tmp_path = tmp_path
 
-    def spec(self, plan):
-        job_id = next(_job_ids)
-        release = str(self.tmp_path / f"release-{job_id}") if plan.hold else ""
-        return job_spec(job_id, plan, sys.executable, release)
+    def spec(self, plan, job_id=None, installation=""):
+        job_id = job_id or next(_job_ids)
+        release = str(self.tmp_path / f"release-{installation}-{job_id}") if plan.hold else ""
+        return job_spec(job_id, plan, sys.executable, release, installation=installation)
 
     def release(self, spec):
         if spec.args[2]:
@@ -204,10 +205,11 @@ class KubernetesBackend(Backend):
                           cancel_seconds=30)
         return KubernetesRunner(api_client, ClusterSpec(namespace=self.NS, gpus_per_node=1), timings, "fake")
 
-    def spec(self, plan):
+    def spec(self, plan, job_id=None, installation=""):
         from tests.fakekube import Scenario
 
-        spec = job_spec(next(_job_ids), plan, "python", container_image="registry.example/horovod:0.28.1")
+        spec = job_spec(job_id or next(_job_ids), plan, "python", container_image="registry.example/horovod:0.28.1",
+                        installation=installation)
         chunks = [b"".join(b"[1,%d]<stdout>:rank=%d line=%d\n" % (rank, rank, i) for rank in range(NP))
                   for i in range(plan.lines)]
         hold = self.holds[spec.name] = threading.Event()
@@ -413,3 +415,49 @@ def test_a_failing_rank_fails_the_job_with_a_nonzero_code(backend):
 
     assert read.exited is not None and read.exited.code not in (0, None), read.exited
     assert rank_lines(read.data)[1] == plan.expected()[1]
+
+
+def test_two_portals_job_of_the_same_number_never_meet(backend):
+    """Two installations (staging beside production, or one portal after its database was reset)
+    reach the same machine, instances or namespace, and each runs its job with the same number:
+    each follows only its own output, and cancelling one leaves the other running."""
+    job_id = next(_job_ids)
+    ours, theirs = Plan(lines=3, hold=True), Plan(lines=2, hold=True)
+    mine, other = backend.spec(ours, job_id, "aaaa1111"), backend.spec(theirs, job_id, "bbbb2222")
+    assert mine.name != other.name
+    runner = backend.runner()
+    assert not backend.launch(runner, mine).already_running
+    assert not backend.launch(runner, other).already_running, "the second portal adopted the first one's job"
+    mine_read = follow(runner, mine, until=printed("line=0"))
+    follow(runner, other, until=printed("line=0"))
+
+    backend.runner().cancel(other)
+
+    assert backend.running(other) == []
+    assert backend.running(mine), "cancelling the other portal's job stopped this one"
+    backend.release(mine)
+    mine_read += follow(runner, mine, mine_read)
+    assert mine_read.exited is not None and mine_read.exited.code == 0, mine_read.exited
+    assert rank_lines(mine_read.data) == ours.expected()
+
+
+def test_an_mpijob_of_another_portal_under_the_same_name_is_refused_not_adopted(fake_kube, tmp_path):
+    """Adoption (after a create that failed but stored) checks the labels, not only the name."""
+    from runners import mpijob
+    from runners.kubernetes import KubernetesError
+
+    backend = KubernetesBackend(*fake_kube)
+    try:
+        spec = backend.spec(Plan(lines=1), installation="aaaa1111")
+        runner = backend.runner()
+        foreign = dataclasses.replace(spec, installation="bbbb2222")
+        document = mpijob.new_mpijob(foreign, runner.cluster)
+        document["metadata"]["name"] = spec.name            # the other portal's MPIJob, under our name
+        runner.custom.create_namespaced_custom_object(mpijob.GROUP, mpijob.VERSION, backend.NS, mpijob.PLURAL,
+                                                      document)
+        with pytest.raises(KubernetesError, match="not created by this portal"):
+            runner.launch(spec)
+        labels = backend.fake.mpijob(backend.NS, spec.name)["metadata"]["labels"]
+        assert labels[mpijob.INSTALLATION_LABEL] == "bbbb2222"       # left as it was
+    finally:
+        backend.cleanup()
