@@ -1,0 +1,228 @@
+"""The follower's guarantees, each shown on real parts: one follower writes a job's log (two racing
+ones write it once); a stale follower is replaced by another worker and the log has no gap or
+repeat; a launch that hangs is failed; a job over its time limit is stopped.
+
+The worker tests run a web server and workers of their own, on a queue of their own, with short
+timeouts (the follower goes stale after 3 s, a launch may take 3 s), so they need not wait for
+the defaults."""
+import os
+import signal
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import requests
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from jobs.domain.logstore import append_output
+from jobs.models import Instance, Job, LogLine, State
+from runners.output import OutputSplitter
+from tests.conftest import VENV_BIN, Service, WebServer, job_processes, wait_for, wait_worker_idle
+from tests.integration.test_job_lifecycle import stored_lines, submit, upload, wait_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+ENDED = {State.SUCCEEDED, State.FAILED, State.CANCELLED}
+STALE_SECONDS = 3
+
+
+# --- one writer of a job's log -----------------------------------------------------------------
+
+def running_job(make_user, image, follower=""):
+    return Job.objects.create(owner=make_user("alice"), image=image, gpus=2, script_path="t.py",
+                              time_limit_minutes=5, state=State.RUNNING, follower=follower,
+                              follower_heartbeat=timezone.now())
+
+
+CHUNK = b"".join(b"[%d]<stdout>:rank=%d line=%d\n" % (rank, rank, i) for i in range(50) for rank in (0, 1))
+
+
+def lines_of(chunk):
+    splitter = OutputSplitter()
+    return splitter.feed(chunk), splitter.state()
+
+
+def test_followers_racing_on_one_chunk_store_it_once(make_user, image):
+    """Eight followers store the same output bytes at the same moment (a re-attach racing a slow
+    old follower): the compare-and-set on the byte offset lets exactly one of them through."""
+    job = running_job(make_user, image)
+    lines, state = lines_of(CHUNK)
+    results, barrier = [], threading.Barrier(8)
+
+    def store():
+        from django.db import connection
+
+        try:
+            barrier.wait(timeout=10)
+            results.append(append_output(job.pk, lines, 0, len(CHUNK), state))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=store) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(results) == [False] * 7 + [True]
+    stored = list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", "text"))
+    assert [seq for seq, _ in stored] == list(range(100))
+    assert sorted(text for _, text in stored) == sorted(f"rank={r} line={i}" for i in range(50) for r in (0, 1))
+    assert Job.objects.get(pk=job.pk).output_offset == len(CHUNK)
+
+
+def test_a_follower_that_lost_its_claim_stores_nothing(make_user, image):
+    """A follower replaced while it was stopped (its claim now held by another) may hold the very
+    next bytes; it must store nothing, so the new follower's copy is the only one."""
+    job = running_job(make_user, image, follower="host:2:new")
+    lines, state = lines_of(CHUNK)
+    assert append_output(job.pk, lines, 0, len(CHUNK), state, follower="host:1:old") is False
+    assert append_output(job.pk, lines, 5, len(CHUNK), state, follower="host:2:new") is False   # wrong offset
+    assert not LogLine.objects.filter(job=job).exists()
+    assert append_output(job.pk, lines, 0, len(CHUNK), state, follower="host:2:new") is True
+    assert LogLine.objects.filter(job=job).count() == 100
+
+
+# --- on the real worker ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def services(service_env, tmp_path_factory):
+    """This module's uvicorn and a way to start workers, all on a queue of their own."""
+    queue = f"ringmaster-followers-{os.getpid()}"
+    env = {**service_env, "RINGMASTER_QUEUE": queue, "RINGMASTER_FOLLOWER_STALE_SECONDS": str(STALE_SECONDS),
+           "RINGMASTER_LAUNCH_TIMEOUT_SECONDS": "3", "RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS": "20"}
+    logs = tmp_path_factory.mktemp("follower-logs")
+    workers = []
+
+    def start_worker(name):
+        worker = Service(name, [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads",
+                                "--concurrency", "4", "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO",
+                                "--without-gossip", "--without-mingle", "-Q", queue],
+                         env, logs / f"{name}.log").start()
+        workers.append(worker)
+        wait_for(lambda: "ready." in worker.output(), timeout=60, message=f"worker {name}")
+        return worker
+
+    web = WebServer(env, logs / "web.log")
+    try:
+        web.start()
+        yield web.url, queue, start_worker, workers
+    finally:
+        web.stop()
+        for worker in workers:
+            _resume(worker)
+            worker.stop()
+
+
+def _resume(worker):
+    if worker.process and worker.process.poll() is None:
+        os.killpg(worker.process.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def api(services, image, make_user):
+    url, queue, start_worker, workers = services
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {Token.objects.create(user=make_user('alice')).key}"
+    session.base, session.queue, session.start_worker = url, queue, start_worker
+    session.a_worker = lambda: next((w for w in workers if w.process.poll() is None), None) or start_worker(
+        f"worker{len(workers)}")
+    yield session
+    for worker in workers:
+        _resume(worker)
+    for job_id in Job.objects.filter(state__in={State.LAUNCHING, State.RUNNING}).values_list("pk", flat=True):
+        session.post(f"{url}/api/jobs/{job_id}/cancel/")
+    for worker in workers:
+        if worker.process.poll() is None:
+            wait_worker_idle(worker)
+
+
+def reconcile(queue):
+    """What beat does every 15 s, now."""
+    from portal.celery import app
+
+    app.send_task("jobs.tasks.reconcile", queue=queue)
+
+
+def follower_pid(job_id):
+    follower = Job.objects.get(pk=job_id).follower
+    return int(follower.split(":")[1]) if follower else None
+
+
+def test_a_stale_follower_is_replaced_and_the_log_has_no_gap_or_repeat(api):
+    first = api.start_worker("first")
+    job_id = submit(api, gpus=2, script=upload(api), args=["--lines", "40", "--interval", "0.2"])
+    wait_for(lambda: Job.objects.get(pk=job_id).next_seq >= 6, timeout=120, message="the first lines")
+    assert follower_pid(job_id) == first.process.pid
+
+    os.killpg(first.process.pid, signal.SIGSTOP)            # alive, but silent: its claim goes stale
+    second = api.start_worker("second")
+    wait_for(lambda: Job.objects.get(pk=job_id).follower_heartbeat < timezone.now() - timedelta(
+        seconds=STALE_SECONDS + 1), timeout=30, message="the claim to go stale")
+    reconcile(api.queue)
+    wait_for(lambda: follower_pid(job_id) == second.process.pid, timeout=60, message="the new follower")
+    _resume(first)                                           # the old one wakes up and must write nothing
+
+    job = wait_state(job_id, ENDED)
+    assert job.state == State.SUCCEEDED, job.reason
+    lines = stored_lines(job_id)
+    assert [line.seq for line in lines] == list(range(len(lines)))
+    for rank in (0, 1):
+        numbered = [line.text for line in lines if line.rank == rank and "line=" in line.text]
+        assert numbered == [f"rank={rank} line={i}" for i in range(40)]
+
+
+@pytest.fixture
+def silent_instance(make_user):
+    """A healthy instance whose 'sshd' accepts connections and never says a word."""
+    import paramiko
+
+    from runners.ssh import host_key_line
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    key = paramiko.RSAKey.generate(2048)
+    text = _private_key_text(key)
+    instance = Instance(name="silent", host="127.0.0.1", port=server.getsockname()[1], user="nobody", gpus=2,
+                        healthy=True, health_reason="ok (test)", host_key=host_key_line(key))
+    instance.set_private_key(text)
+    instance.save()
+    yield instance
+    server.close()
+
+
+def _private_key_text(key):
+    import io
+
+    out = io.StringIO()
+    key.write_private_key(out)
+    return out.getvalue()
+
+
+def test_a_launch_that_hangs_is_failed(api, silent_instance):
+    api.a_worker()
+    job_id = submit(api, gpus=1, backend="instances", script=upload(api))
+    wait_state(job_id, {State.LAUNCHING}, timeout=60)
+    wait_for(lambda: Job.objects.get(pk=job_id).follower_heartbeat < timezone.now() - timedelta(
+        seconds=STALE_SECONDS + 1), timeout=30, message="the launching follower to go silent")
+    reconcile(api.queue)
+
+    job = wait_state(job_id, ENDED, timeout=30)
+    assert job.state == State.FAILED
+    assert job.reason == "the launch did not start within 3 s"
+
+
+def test_a_job_over_its_time_limit_is_stopped(api):
+    api.a_worker()
+    job_id = submit(api, gpus=2, script=upload(api), args=["--lines", "600", "--interval", "0.2"],
+                    time_limit_minutes=1)
+    wait_for(lambda: Job.objects.get(pk=job_id).next_seq >= 2, timeout=120, message="the job to run")
+    assert job_processes(job_id)
+    # As if it had started two minutes ago: the follower's next check finds the limit passed.
+    Job.objects.filter(pk=job_id).update(started_at=timezone.now() - timedelta(minutes=2))
+
+    job = wait_state(job_id, ENDED, timeout=60)
+    assert job.state == State.FAILED
+    assert job.reason == "time limit of 1 minutes exceeded"
+    assert job_processes(job_id) == []
