@@ -3,10 +3,10 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
-from django.core.exceptions import ImproperlyConfigured
 from django.template.response import TemplateResponse
 
 from jobs import backends
+from jobs.backends.admin_forms import ClusterForm, InstanceForm
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
 from jobs.models import Cluster, Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
@@ -182,48 +182,6 @@ def report_checks(model_admin, request, queryset, check, words):
                                  messages.SUCCESS if ok else messages.WARNING)
 
 
-def write_only_secret(rows, help_text):
-    """A form field for a secret that is stored encrypted and never shown back (empty: keep it)."""
-    return forms.CharField(widget=forms.Textarea(attrs={"rows": rows, "autocomplete": "off"}), required=False,
-                           strip=False, help_text=help_text)
-
-
-class InstanceForm(forms.ModelForm):
-    """The private key is write-only: a new one replaces the stored one; it is never shown."""
-
-    private_key = write_only_secret(4, "Paste an unencrypted OpenSSH/PEM private key. Stored encrypted; "
-                                       "never shown again. Leave empty to keep the stored key.")
-
-    class Meta:
-        model = Instance
-        fields = ["name", "host", "port", "user", "gpus", "labels", "enabled", "setup", "work_dir",
-                  "peer_ssh_port", "peer_ssh_key", "network_interface", "host_key"]
-
-    def clean_private_key(self):
-        from runners import ssh
-
-        text = self.cleaned_data.get("private_key") or ""
-        if not text.strip():
-            if not (self.instance and self.instance.private_key_encrypted):
-                raise forms.ValidationError("A private key is required.")
-            return ""
-        try:
-            ssh.load_private_key(text)
-        except ssh.InstanceError as exc:
-            raise forms.ValidationError(str(exc))
-        try:
-            self.instance.set_private_key(text)
-        except ImproperlyConfigured as exc:
-            raise forms.ValidationError(str(exc))
-        return text
-
-    def save(self, commit=True):
-        instance = super().save(commit=False)
-        if commit:
-            instance.save()
-        return instance
-
-
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
     form = InstanceForm
@@ -252,41 +210,6 @@ class InstanceAdmin(admin.ModelAdmin):
         from jobs.backends import instances
 
         report_checks(self, request, queryset, instances.check, ("healthy", "unhealthy"))
-
-
-class ClusterForm(forms.ModelForm):
-    """The kubeconfig is write-only, like an instance's key: stored encrypted, never shown."""
-
-    kubeconfig = write_only_secret(6, "Paste a self-contained kubeconfig (certificates and token inline). "
-                                      "Stored encrypted; never shown again. Leave empty to keep the stored one.")
-
-    class Meta:
-        model = Cluster
-        fields = ["name", "enabled", "connection", "context", "namespace", "gpus_per_node", "node_selector",
-                  "tolerations", "priority_class", "kueue_queue", "launcher", "cpu_per_gpu", "memory_per_gpu_gib",
-                  "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds",
-                  "gpu_limit"]
-
-    def clean(self):
-        from jobs.backends.clusters import ClusterError, parse_kubeconfig
-
-        data = super().clean()
-        text = data.get("kubeconfig") or ""
-        if data.get("connection") != Cluster.Connection.KUBECONFIG:
-            self.instance.kubeconfig_encrypted = ""
-            return data
-        if not text.strip():
-            if not self.instance.kubeconfig_encrypted:
-                self.add_error("kubeconfig", "A kubeconfig is required for this connection.")
-            return data
-        try:
-            parse_kubeconfig(text, data.get("context", ""))
-            self.instance.set_kubeconfig(text)
-        except ClusterError as exc:
-            self.add_error("kubeconfig", str(exc))
-        except ImproperlyConfigured as exc:
-            self.add_error("kubeconfig", str(exc))
-        return data
 
 
 @admin.register(Cluster)

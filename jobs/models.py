@@ -4,7 +4,6 @@ A job's state changes only through jobs.domain.states.transition().
 """
 from django.conf import settings
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -381,14 +380,6 @@ class Cluster(models.Model):
 
     def __str__(self):
         return self.name
-
-    def clean(self):
-        """What the API server would refuse in every MPIJob of this cluster, named by field."""
-        from jobs.backends.clusters import cluster_problems
-
-        problems = cluster_problems(self)
-        if problems:
-            raise ValidationError(problems)
 
     def set_kubeconfig(self, text):
         from jobs.secrets import encrypt

@@ -278,3 +278,48 @@ def test_add_cluster_refuses_settings_no_mpijob_could_have_naming_the_field(tmp_
         run("add_cluster", "--name", "x", "--kubeconfig", str(path), "--no-check",
             *[word for pair in argv.items() for word in pair])
     assert not Cluster.objects.exists()
+
+
+def _admin_errors(client, url, data):
+    """The field errors the admin's form shows for `data` (nothing is saved)."""
+    response = client.post(url, data)
+    assert response.status_code == 200                       # the form again, not a redirect
+    return {name: list(errors) for name, errors in response.context["adminform"].form.errors.items()}
+
+
+@pytest.mark.parametrize(("field", "option", "value"), [
+    ("namespace", "--namespace", "Team_A"),
+    ("kueue_queue", "--kueue-queue", "bad queue!"),
+])
+def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_user, tmp_path, field, option, value):
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    data = {"name": "x", "enabled": "on", "connection": "kubeconfig", "kubeconfig": kubeconfig(), "context": "",
+            "namespace": "training", "gpus_per_node": "8", "node_selector": "{}", "tolerations": "[]",
+            "launcher": "mpirun", "cpu_per_gpu": "4", "memory_per_gpu_gib": "16", "clean_pod_policy": "Running",
+            "backoff_limit": "0", "ttl_seconds_after_finished": "3600", "image_pull_grace_seconds": "300",
+            field: value}
+    shown = _admin_errors(client, "/admin/jobs/cluster/add/", data)
+    path = tmp_path / "kubeconfig"
+    path.write_text(kubeconfig())
+    argv = {"--namespace": "training", "--gpus-per-node": "8", option: value}
+    with pytest.raises(CommandError) as refused:
+        run("add_cluster", "--name", "x", "--kubeconfig", str(path), "--no-check",
+            *[word for pair in argv.items() for word in pair])
+    assert str(refused.value) == f"{field}: {' '.join(shown[field])}"
+    assert not Cluster.objects.exists()
+
+
+def test_the_admin_and_add_instance_refuse_a_key_that_is_not_one_alike(client, make_user, tmp_path):
+    from jobs.models import Instance
+
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    shown = _admin_errors(client, "/admin/jobs/instance/add/", {
+        "name": "gpu-a", "host": "127.0.0.2", "port": "22", "user": "root", "gpus": "2", "enabled": "on",
+        "work_dir": ".ringmaster/jobs", "private_key": "not a key"})
+    path = tmp_path / "key"
+    path.write_text("not a key")
+    with pytest.raises(CommandError) as refused:
+        run("add_instance", "--name", "gpu-a", "--host", "127.0.0.2", "--user", "root", "--key-file", str(path),
+            "--gpus", "2", "--no-check")
+    assert str(refused.value) == f"--key-file: {' '.join(shown['private_key'])}"
+    assert not Instance.objects.exists()

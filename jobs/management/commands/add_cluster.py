@@ -1,10 +1,10 @@
 import json
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.backends import clusters
+from jobs.backends.admin_forms import ClusterForm, bound
 from jobs.models import Cluster
 
 
@@ -43,37 +43,25 @@ class Command(BaseCommand):
         parser.add_argument("--no-check", action="store_true", help="do not connect now")
 
     def handle(self, *args, **o):
-        if o["gpus_per_node"] < 1:
-            raise CommandError("--gpus-per-node must be at least 1")
         node_selector = _json(o["node_selector"], dict, "--node-selector")
         tolerations = _json(o["tolerations"], list, "--tolerations")
-        cluster = Cluster.objects.filter(name=o["name"]).first() or Cluster(name=o["name"])
+        text = ""
         if o["kubeconfig"]:
             try:
                 text = Path(o["kubeconfig"]).read_text()
             except OSError as exc:
                 raise CommandError(f"cannot read the kubeconfig: {exc.strerror}") from None
-            try:
-                clusters.parse_kubeconfig(text, o["context"])
-                cluster.set_kubeconfig(text)
-            except (clusters.ClusterError, ImproperlyConfigured) as exc:
-                raise CommandError(str(exc)) from None
-            cluster.connection = Cluster.Connection.KUBECONFIG
-        else:
-            cluster.connection, cluster.kubeconfig_encrypted = Cluster.Connection.IN_CLUSTER, ""
-        cluster.context, cluster.namespace, cluster.gpus_per_node = o["context"], o["namespace"], o["gpus_per_node"]
-        cluster.node_selector, cluster.tolerations = node_selector, tolerations
-        cluster.priority_class, cluster.kueue_queue = o["priority_class"], o["kueue_queue"]
-        cluster.launcher, cluster.enabled = o["launcher"], not o["disabled"]
-        if o["backoff_limit"] is not None:
-            cluster.backoff_limit = o["backoff_limit"]
-        cluster.gpu_limit = o["gpu_limit"]
-        try:
-            cluster.full_clean()
-        except ValidationError as exc:
+        cluster = Cluster.objects.filter(name=o["name"]).first() or Cluster(name=o["name"])
+        connection = Cluster.Connection.KUBECONFIG if o["kubeconfig"] else Cluster.Connection.IN_CLUSTER
+        form = bound(ClusterForm, cluster, name=o["name"], connection=connection, kubeconfig=text,
+                     context=o["context"], namespace=o["namespace"], gpus_per_node=o["gpus_per_node"],
+                     node_selector=node_selector, tolerations=tolerations, priority_class=o["priority_class"],
+                     kueue_queue=o["kueue_queue"], launcher=o["launcher"], backoff_limit=o["backoff_limit"],
+                     enabled=not o["disabled"], gpu_limit="" if o["gpu_limit"] is None else o["gpu_limit"])
+        if not form.is_valid():
             raise CommandError("; ".join(f"{field}: {' '.join(messages)}"
-                                         for field, messages in exc.message_dict.items())) from None
-        cluster.save()
+                                         for field, messages in form.errors.items()))
+        cluster = form.save()
         self.stdout.write(f"cluster {cluster.name} saved")
         if not o["no_check"]:
             ok, what = clusters.check(cluster)

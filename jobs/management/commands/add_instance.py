@@ -1,17 +1,26 @@
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.backends import instances
+from jobs.backends.admin_forms import InstanceForm, bound
 from jobs.models import Instance
 from runners import ssh
+
+# Form fields, as this command's options name them.
+OPTIONS = {"private_key": "--key-file", "host_key": "--host"}
+
+
+def form_errors(form, options=OPTIONS):
+    """One line naming each bad option: "--gpus: At least 1."."""
+    return "; ".join(f"{options.get(field, '--' + field.replace('_', '-'))}: {' '.join(messages)}"
+                     for field, messages in form.errors.items())
 
 
 class Command(BaseCommand):
     help = ("Register a GPU instance for the `instances` backend (or update the one with this name). "
             "The key file is read, encrypted with RINGMASTER_FERNET_KEYS and stored; then the instance "
-            "is checked over SSH and its host key recorded.")
+            "is checked over SSH and its host key recorded. Checked by the admin's own form.")
 
     def add_arguments(self, parser):
         parser.add_argument("--name", required=True)
@@ -30,29 +39,18 @@ class Command(BaseCommand):
         parser.add_argument("--no-check", action="store_true", help="do not connect now")
 
     def handle(self, *args, **o):
-        if o["gpus"] < 1:
-            raise CommandError("--gpus must be at least 1")
         try:
             key = Path(o["key_file"]).read_text()
         except OSError as exc:
             raise CommandError(f"cannot read the key file: {exc.strerror}") from None
-        try:
-            ssh.load_private_key(key)
-        except ssh.InstanceError as exc:
-            raise CommandError(str(exc)) from None
         instance = Instance.objects.filter(name=o["name"]).first() or Instance(name=o["name"])
-        if instance.pk and (instance.host, instance.port) != (o["host"], o["port"]):
-            instance.host_key = ""
-        instance.host, instance.port, instance.user, instance.gpus = o["host"], o["port"], o["user"], o["gpus"]
-        instance.labels, instance.setup, instance.enabled = o["labels"], o["setup"], not o["disabled"]
-        if o["work_dir"]:
-            instance.work_dir = o["work_dir"]
-        instance.peer_ssh_port, instance.peer_ssh_key = o["peer_ssh_port"], o["peer_ssh_key"]
-        instance.network_interface = o["network_interface"]
-        try:
-            instance.set_private_key(key)
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from None
+        form = bound(InstanceForm, instance, name=o["name"], host=o["host"], port=o["port"], user=o["user"],
+                     gpus=o["gpus"], labels=o["labels"], setup=o["setup"], work_dir=o["work_dir"],
+                     peer_ssh_port=o["peer_ssh_port"], peer_ssh_key=o["peer_ssh_key"],
+                     network_interface=o["network_interface"], enabled=not o["disabled"], private_key=key)
+        if not form.is_valid():
+            raise CommandError(form_errors(form))
+        instance = form.save(commit=False)
         instance.healthy, instance.health_reason = False, "not checked yet"
         instance.save()
         self.stdout.write(f"instance {instance.name} saved")

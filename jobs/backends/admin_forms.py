@@ -1,0 +1,113 @@
+"""One form per admin object of the backends (an instance, a cluster), used by the admin and by
+the management commands alike, so each rule about their settings lives here once.
+
+The secret of each (an SSH private key, a kubeconfig) is write-only: a new one replaces the
+stored one, encrypted (jobs.secrets); it is never shown back, and left empty it is kept.
+"""
+import json
+
+from django import forms
+from django.core.exceptions import ImproperlyConfigured
+from django.forms.models import model_to_dict
+
+from jobs.backends.clusters import ClusterError, cluster_problems, parse_kubeconfig
+from jobs.models import Cluster, Instance
+from runners import ssh
+
+
+def write_only_secret(rows, help_text):
+    """A form field for a secret that is stored encrypted and never shown back (empty: keep it)."""
+    return forms.CharField(widget=forms.Textarea(attrs={"rows": rows, "autocomplete": "off"}), required=False,
+                           strip=False, help_text=help_text)
+
+
+def bound(form_class, instance, **values):
+    """`form_class` bound to `instance`'s current values (or its model's defaults) with `values`
+    changed: how a command that sets some options fills in the rest."""
+    data = {name: value for name, value in model_to_dict(instance).items() if value is not None}
+    data.update({name: value for name, value in values.items() if value is not None})
+    # As a browser sends them: JSON fields as text (an empty {} or [] would read as "no value").
+    data = {name: json.dumps(value) if isinstance(value, (dict, list)) else value for name, value in data.items()}
+    return form_class(data=data, instance=instance)
+
+
+class InstanceForm(forms.ModelForm):
+    """The private key is write-only: a new one replaces the stored one; it is never shown."""
+
+    private_key = write_only_secret(4, "Paste an unencrypted OpenSSH/PEM private key. Stored encrypted; "
+                                       "never shown again. Leave empty to keep the stored key.")
+
+    class Meta:
+        model = Instance
+        fields = ["name", "host", "port", "user", "gpus", "labels", "enabled", "setup", "work_dir",
+                  "peer_ssh_port", "peer_ssh_key", "network_interface", "host_key"]
+
+    def clean_gpus(self):
+        gpus = self.cleaned_data["gpus"]
+        if gpus is not None and gpus < 1:
+            raise forms.ValidationError("At least 1.")
+        return gpus
+
+    def clean_private_key(self):
+        text = self.cleaned_data.get("private_key") or ""
+        if not text.strip():
+            if not (self.instance and self.instance.private_key_encrypted):
+                raise forms.ValidationError("A private key is required.")
+            return ""
+        try:
+            ssh.load_private_key(text)
+        except ssh.InstanceError as exc:
+            raise forms.ValidationError(str(exc))
+        try:
+            self.instance.set_private_key(text)
+        except ImproperlyConfigured as exc:
+            raise forms.ValidationError(str(exc))
+        return text
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk and any(name in self.changed_data for name in ("host", "port")):
+            self.instance.host_key = data["host_key"] = ""       # another machine: learn its key anew
+        return data
+
+
+class ClusterForm(forms.ModelForm):
+    """The kubeconfig is write-only, like an instance's key: stored encrypted, never shown. The
+    settings no MPIJob on the cluster could be created with are refused, named by field."""
+
+    kubeconfig = write_only_secret(6, "Paste a self-contained kubeconfig (certificates and token inline). "
+                                      "Stored encrypted; never shown again. Leave empty to keep the stored one.")
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "enabled", "connection", "context", "namespace", "gpus_per_node", "node_selector",
+                  "tolerations", "priority_class", "kueue_queue", "launcher", "cpu_per_gpu", "memory_per_gpu_gib",
+                  "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds",
+                  "gpu_limit"]
+
+    def clean(self):
+        data = super().clean()
+        self._clean_kubeconfig(data)
+        return data
+
+    def _post_clean(self):
+        super()._post_clean()              # the instance now holds the cleaned values
+        if not self.errors:
+            for field, messages in cluster_problems(self.instance).items():
+                for message in messages:
+                    self.add_error(None if field == "__all__" else field, message)
+
+    def _clean_kubeconfig(self, data):
+        text = data.get("kubeconfig") or ""
+        if data.get("connection") != Cluster.Connection.KUBECONFIG:
+            self.instance.kubeconfig_encrypted = ""
+            return
+        if not text.strip():
+            if not self.instance.kubeconfig_encrypted:
+                self.add_error("kubeconfig", "A kubeconfig is required for this connection.")
+            return
+        try:
+            parse_kubeconfig(text, data.get("context", ""))
+            self.instance.set_kubeconfig(text)
+        except (ClusterError, ImproperlyConfigured) as exc:
+            self.add_error("kubeconfig", str(exc))
