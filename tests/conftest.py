@@ -64,14 +64,14 @@ def _database_url():
 class Service:
     """A child process (worker, web server) that a test can kill and start again."""
 
-    def __init__(self, name, argv, env, log_path):
-        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+    def __init__(self, name, argv, env, log_path, pass_fds=()):
+        self.name, self.argv, self.env, self.log_path, self.pass_fds = name, argv, env, log_path, pass_fds
         self.process = None
 
     def start(self):
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self.log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=self.pass_fds)
         return self
 
     def kill(self, sig=signal.SIGKILL):
@@ -160,10 +160,20 @@ class WebServer(Service):
     again on the same port."""
 
     def __init__(self, env, log_path):
-        self.port = free_port()
+        # The listening socket is this process's and uvicorn serves it (--fd): no other process
+        # can take the port between choosing it and serving it, nor between two starts.
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(128)
+        self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
-                                 "--port", str(self.port), "--timeout-graceful-shutdown", "10"], env, log_path)
+        super().__init__("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--fd",
+                                 str(self.socket.fileno()), "--timeout-graceful-shutdown", "10"], env, log_path,
+                         pass_fds=(self.socket.fileno(),))
+
+    def stop(self):
+        super().stop()
+        self.socket.close()
 
     def up(self):
         try:
@@ -296,12 +306,28 @@ def job_processes(job_id):
     """Live processes that carry the marker of this test session's job `job_id`."""
     from runners.local import JOB_MARKER
 
-    marker = str((Path(settings.RINGMASTER_JOBS_DIR) / job_name(job_id)).resolve())
+    return processes_marked(str((Path(settings.RINGMASTER_JOBS_DIR) / job_name(job_id)).resolve()), JOB_MARKER)
+
+
+def processes_marked(marker, variable):
+    """Live processes whose environment has `variable` set to `marker` (a job's folder)."""
     found = []
     for process in psutil.process_iter():
         try:
-            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(JOB_MARKER) == marker:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(variable) == marker:
                 found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
+        except psutil.AccessDenied:
+            # A job's processes are this user's: one of ours that cannot be read is a failure to
+            # look, not proof that the job is gone. Other users' processes are not a job's.
+            if _ours(process):
+                raise
     return found
+
+
+def _ours(process):
+    try:
+        return process.uids().real == os.getuid()
+    except psutil.Error:
+        return False

@@ -20,7 +20,7 @@ from jobs.domain.logstore import append_output
 from jobs.models import Instance, Job, LogLine, State
 from runners.output import OutputSplitter
 from tests.conftest import VENV_BIN, Service, WebServer, job_processes, wait_for, wait_worker_idle
-from tests.integration.test_job_lifecycle import stored_lines, submit, upload, wait_state
+from tests.integration.test_job_lifecycle import assert_succeeded_with_every_line, submit, upload, wait_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 ENDED = {State.SUCCEEDED, State.FAILED, State.CANCELLED}
@@ -163,13 +163,7 @@ def test_a_stale_follower_is_replaced_and_the_log_has_no_gap_or_repeat(api):
     wait_for(lambda: follower_pid(job_id) == second.process.pid, timeout=60, message="the new follower")
     _resume(first)                                           # the old one wakes up and must write nothing
 
-    job = wait_state(job_id, ENDED)
-    assert job.state == State.SUCCEEDED, job.reason
-    lines = stored_lines(job_id)
-    assert [line.seq for line in lines] == list(range(len(lines)))
-    for rank in (0, 1):
-        numbered = [line.text for line in lines if line.rank == rank and "line=" in line.text]
-        assert numbered == [f"rank={rank} line={i}" for i in range(40)]
+    assert_succeeded_with_every_line(job_id, 40)
 
 
 @pytest.fixture

@@ -151,9 +151,11 @@ def test_worker_killed_mid_job_keeps_the_job_and_its_log_complete(http, sshds, c
              timeout=240, interval=0.3, message="the job to be running")
 
     celery_worker.kill(signal.SIGKILL)
-    assert Job.objects.get(pk=job_id).state == State.RUNNING
-    assert job_processes(sshds, job_id), "training must survive the worker"
-    celery_worker.start()
+    try:
+        assert Job.objects.get(pk=job_id).state == State.RUNNING
+        assert job_processes(sshds, job_id), "training must survive the worker"
+    finally:                                  # a failure here must not leave later tests without a worker
+        celery_worker.start()
 
     job = wait_state(job_id, ENDED, timeout=240)
     assert job.state == State.SUCCEEDED, job.reason

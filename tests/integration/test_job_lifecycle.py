@@ -36,6 +36,18 @@ def stored_lines(job_id):
     return list(LogLine.objects.filter(job_id=job_id).order_by("seq"))
 
 
+def assert_succeeded_with_every_line(job_id, count, ranks=(0, 1)):
+    """The job (of count_lines.py) ends SUCCEEDED with a gap-free log holding each rank's
+    `count` numbered lines once, in order."""
+    job = wait_state(job_id, {State.SUCCEEDED, State.FAILED, State.CANCELLED}, timeout=120)
+    assert job.state == State.SUCCEEDED, job.reason
+    lines = stored_lines(job_id)
+    assert [line.seq for line in lines] == list(range(len(lines)))
+    for rank in ranks:
+        texts = [line.text for line in lines if line.rank == rank and "line=" in line.text]
+        assert texts == [f"rank={rank} line={i}" for i in range(count)]
+
+
 def test_two_rank_job_runs_to_success_with_every_line_in_order(http):
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "30"], name="two ranks")
 
@@ -96,17 +108,13 @@ def test_worker_killed_mid_job_is_replaced_and_the_job_finishes_without_gaps(htt
              timeout=120, message="the job to be running")
 
     celery_worker.kill(signal.SIGKILL)                                       # the follower dies with it
-    assert Job.objects.get(pk=job_id).state == State.RUNNING
-    assert job_processes(job_id), "training must survive the worker"
-    celery_worker.start()
+    try:
+        assert Job.objects.get(pk=job_id).state == State.RUNNING
+        assert job_processes(job_id), "training must survive the worker"
+    finally:                                  # a failure here must not leave later tests without a worker
+        celery_worker.start()
 
-    job = wait_state(job_id, {State.SUCCEEDED, State.FAILED, State.CANCELLED}, timeout=120)
-    assert job.state == State.SUCCEEDED, job.reason
-    lines = stored_lines(job_id)
-    assert [line.seq for line in lines] == list(range(len(lines)))
-    for rank in (0, 1):
-        texts = [l.text for l in lines if l.rank == rank and "line=" in l.text]
-        assert texts == [f"rank={rank} line={i}" for i in range(80)]
+    assert_succeeded_with_every_line(job_id, 80)
 
 
 def test_queued_job_waits_with_a_reason_and_cancels_at_once(http):

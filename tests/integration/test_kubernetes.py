@@ -203,8 +203,10 @@ def test_a_worker_killed_mid_follow_is_replaced_and_the_log_has_no_gap_or_repeat
     wait_for(lambda: Job.objects.get(pk=job_id).state == State.RUNNING and stored_lines(job_id),
              timeout=60, message="the job to run")
     celery_worker.kill(signal.SIGKILL)
-    hold.set()                                            # the job goes on printing with nobody following
-    celery_worker.start()
+    try:
+        hold.set()                                        # the job goes on printing with nobody following
+    finally:
+        celery_worker.start()
     job = wait_state(job_id, ENDED, timeout=120)
     assert job.state == State.SUCCEEDED, job.reason
     assert texts(job_id) == expected(2, 30)

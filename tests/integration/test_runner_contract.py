@@ -28,13 +28,12 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from runners.base import JOB_DIR_MARKER, Exited, JobSpec, Output
 from runners.output import OutputSplitter
 from tests import sshd
-from tests.conftest import wait_for
+from tests.conftest import processes_marked, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -133,15 +132,7 @@ class ScriptBackend(Backend):
         raise NotImplementedError
 
     def running(self, spec):
-        marker = str(Path(self.job_dir(spec)).resolve())
-        found = []
-        for process in psutil.process_iter():
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(JOB_DIR_MARKER) == marker:
-                    found.append(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return processes_marked(str(Path(self.job_dir(spec)).resolve()), JOB_DIR_MARKER)
 
 
 class LocalBackend(ScriptBackend):

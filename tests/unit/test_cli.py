@@ -84,9 +84,9 @@ def test_no_token_tells_how_to_get_one(home, capsys):
     assert str(home / ".config" / "ringmaster" / "config.ini") in err
 
 
-def test_a_missing_local_script_is_refused_before_any_request(home, monkeypatch, capsys):
+def test_a_missing_local_script_is_refused_before_any_request(home, monkeypatch, capsys, closed_port):
     monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
-    monkeypatch.setenv("RINGMASTER_URL", "http://127.0.0.1:9")          # nothing listens there
+    monkeypatch.setenv("RINGMASTER_URL", f"http://127.0.0.1:{closed_port}")   # nothing listens there
     assert cli.main(["submit", "--image", "horovod-cpu", "--gpus", "2", str(home / "nope.py")]) == 2
     err = capsys.readouterr().err
     assert "nope.py: no such file" in err and "--script-path" in err and TOKEN not in err
@@ -96,12 +96,23 @@ def test_a_missing_local_script_is_refused_before_any_request(home, monkeypatch,
     assert "give the script to run" in capsys.readouterr().err
 
 
-def test_an_unreachable_portal_is_a_clear_error(home, monkeypatch, capsys):
+@pytest.fixture
+def closed_port():
+    """A port of this machine that is bound (so nothing else takes it) but not listening: a
+    connection to it is refused."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def test_an_unreachable_portal_is_a_clear_error(home, monkeypatch, capsys, closed_port):
     monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
-    monkeypatch.setenv("RINGMASTER_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("RINGMASTER_URL", f"http://127.0.0.1:{closed_port}")
     assert cli.main(["ls"]) == 1
     err = capsys.readouterr().err
-    assert "cannot reach the portal at http://127.0.0.1:9" in err and TOKEN not in err
+    assert f"cannot reach the portal at http://127.0.0.1:{closed_port}" in err and TOKEN not in err
 
 
 # --- arguments --------------------------------------------------------------------------------
