@@ -6,7 +6,7 @@ finally Exited. Everything a runner does is idempotent and keyed by the job id, 
 that is retried, or a follower that re-attaches after a crash, never starts a job twice.
 """
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 
@@ -107,11 +107,12 @@ class Runner(ABC):
         """Start the job unless it already started; never start it twice."""
 
     @abstractmethod
-    def follow(self, spec: JobSpec, offset: int, should_stop: Callable[[], bool] = lambda: False,
+    def follow(self, spec: JobSpec, offset: int,
                cursor: dict | None = None) -> Iterator[Output | Running | Status | Waiting | Exited]:
-        """Yield the launcher's output from byte `offset` on, then Exited. Stops early if
-        should_stop() turns true (the caller lost its claim on the job). `cursor` is the last
-        Output's cursor that was stored, for runners that use one."""
+        """Yield the launcher's output from byte `offset` on, then Exited. `cursor` is the last
+        Output's cursor that was stored, for runners that use one. A caller that stops early
+        (it lost its claim on the job) closes the generator: a runner frees what it holds
+        (connections, threads) in `finally`."""
 
     @abstractmethod
     def cancel(self, spec: JobSpec) -> None:

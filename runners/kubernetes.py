@@ -23,7 +23,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from . import kubestatus, mpijob
-from .base import Exited, Output, Runner, Running, Started, Status, Waiting
+from .base import Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
 _TRANSIENT = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
@@ -158,7 +158,7 @@ class KubernetesRunner(Runner):
         self.delete(spec)
         deadline = time.monotonic() + self.timings.cancel_seconds
         while time.monotonic() < deadline:
-            if self._get_mpijob(spec) is None and not self._pods(spec):
+            if self._get_mpijob(spec) is None and not self.pods(spec):
                 return
             time.sleep(min(self.timings.poll_seconds, 1))
         log.warning("job %s: the MPIJob's pods were still there %s s after the delete",
@@ -182,7 +182,7 @@ class KubernetesRunner(Runner):
 
     # --- follow ------------------------------------------------------------------------
 
-    def _pods(self, spec, role=None):
+    def pods(self, spec, role=None):
         selector = f"{mpijob.JOB_NAME_LABEL}={spec.name}"
         if role:
             selector += f",{mpijob.JOB_ROLE_LABEL}={role}"
@@ -190,16 +190,16 @@ class KubernetesRunner(Runner):
                                              _request_timeout=self.timings.request_seconds)
         return [self.api_client.sanitize_for_serialization(pod) for pod in pods.items]
 
-    def _events(self, spec):
+    def events(self, spec):
         events = self.core.list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.kind={mpijob.KIND},involvedObject.name={spec.name}",
             _request_timeout=self.timings.request_seconds)
         return [self.api_client.sanitize_for_serialization(event) for event in events.items]
 
-    def follow(self, spec, offset, should_stop=lambda: False, cursor=None):
+    def follow(self, spec, offset, cursor=None):
         follower = _Follow(self, spec, offset, kubestatus.LogCursor.from_json(cursor))
         try:
-            yield from follower.run(should_stop)
+            yield from follower.run()
         finally:
             follower.stop.set()
 
@@ -218,18 +218,13 @@ class _Follow:
         self.mpijob = None
         self.deleted = False
 
-    def run(self, should_stop):
+    def run(self):
         threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"k8s-{fn.__name__}")
                    for fn in (self._watch, self._read_logs)]
         for thread in threads:
             thread.start()
-        running_told = False
-        told = ""
-        pull_since = None
-        next_poll = 0.0
-        ended_at = None
-        pods, notes, last_code = [], [], None
-        while not should_stop():
+        observation, pods, next_poll = kubestatus.Observation(), (), 0.0
+        while True:
             try:
                 kind, payload = self.events.get(timeout=1)
             except queue.Empty:
@@ -248,68 +243,34 @@ class _Follow:
                 self.deleted = True
                 self.ended.set()
             now = time.monotonic()
-            if now >= next_poll:
+            polled, events = now >= next_poll, ()
+            if polled:
                 next_poll = now + self.timings.poll_seconds
-                try:
-                    pods = self.runner._pods(self.spec)
-                    events = self.runner._events(self.spec) if not running_told else []
-                except Exception as exc:
-                    if not _transient(exc):
-                        raise
-                    log.warning("job %s: polling pods failed: %s", self.spec.job_id, _message(exc))
-                    events = []
-                rejected = kubestatus.validation_error(events)
-                if rejected:
-                    self.runner.delete(self.spec)
-                    yield Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500])
-                    return
-                trouble = kubestatus.pod_trouble(pods)
-                for note in trouble.notes:
-                    if note not in notes:
-                        notes.append(note)
-                launchers = kubestatus.launcher_pods(pods)
-                if launchers and kubestatus.exit_code(launchers[-1]) is not None:
-                    last_code = kubestatus.exit_code(launchers[-1])
-                if trouble.pull_error:
-                    pull_since = pull_since or now
-                    if now - pull_since >= self.timings.image_pull_grace_seconds and not running_told:
-                        self.runner.delete(self.spec)
-                        yield Exited(None, f"image pull failed for {self.timings.image_pull_grace_seconds:.0f} s: "
-                                           f"{trouble.pull_error}"[:500])
-                        return
-                else:
-                    pull_since = None
-                reason = trouble.waiting if not running_told else "; ".join(notes)
-                if reason != told and (reason or told):
-                    told = reason
-                    yield Status(reason[:500])
-            if not running_told and kubestatus.is_running(self.mpijob):
-                running_told = True
-                told = ""
-                workers = sum(1 for p in pods if p.get("metadata", {}).get("labels", {}).get(
-                    mpijob.JOB_ROLE_LABEL) == "worker")
-                yield Running(f"MPIJob running ({workers or 'all'} workers)")
-            end = kubestatus.outcome(self.mpijob)
-            if end is not None or self.deleted:
-                self.ended.set()
-                ended_at = ended_at or now
-                drained = kind == "drained"
-                if drained or now - ended_at > self.timings.drain_seconds:
-                    yield from self._exit(end, notes, last_code, drained)
-                    return
+                pods, events = self._poll(pods, observation.running_told)
+            decision = kubestatus.observe(
+                observation,
+                kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
+                                drained=kind == "drained", now=now),
+                self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
+            observation = decision.observation
+            if observation.ended_at is not None:
+                self.ended.set()                  # the log reader reads what is left, then says "drained"
+            if decision.delete:
+                self.runner.delete(self.spec)
+            yield from decision.tell
+            if decision.done:
+                return
             yield Waiting()
 
-    def _exit(self, end, notes, code, drained):
-        if end is None:
-            yield Exited(None, "the MPIJob was deleted outside Ringmaster")
-            return
-        detail = end.detail
-        if not drained:
-            detail += " (the launcher's log may be incomplete)"
-        if end.succeeded:
-            yield Exited(0, detail[:500])
-        else:
-            yield Exited(code if code not in (None, 0) else None, detail[:500], cause="; ".join(notes)[:300])
+    def _poll(self, pods, running):
+        """The job's pods, and its events until it runs (a transient failure keeps the last pods)."""
+        try:
+            return tuple(self.runner.pods(self.spec)), tuple(self.runner.events(self.spec) if not running else ())
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            log.warning("job %s: polling pods failed: %s", self.spec.job_id, _message(exc))
+            return pods, ()
 
     def _guard(self, body):
         try:
@@ -377,7 +338,7 @@ class _Follow:
         cursor = self.cursor
         while not self.stop.is_set():
             if not cursor.pod:
-                pods = self.runner._pods(self.spec, role="launcher")
+                pods = self.runner.pods(self.spec, role="launcher")
                 fresh = [p for p in kubestatus.launcher_pods(pods) if p["metadata"]["name"] not in cursor.done]
                 if not fresh:
                     if self.ended.is_set():

@@ -2,12 +2,17 @@
 
 - conditions -> where the job is (created, running, succeeded, failed);
 - pods -> trouble a user can act on (not schedulable, image pull errors, OOMKilled, evicted);
+- observe(): everything seen so far -> what the portal tells (Status, Running, Exited) and does
+  (delete the MPIJob), the way mpi-operator's updateMPIJobStatus turns pods into conditions;
 - the launcher's log lines (`timestamps=true`) -> a cursor that resumes a cut stream without
   losing or repeating a line.
 """
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+
+from .base import Exited, Running, Status
+from .mpijob import JOB_ROLE_LABEL
 
 PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 
@@ -235,3 +240,97 @@ class LogReader:
         else:
             self.cursor.ts, self.cursor.same = ts, 1
         return content
+
+
+# --- from what was seen to what to tell ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Seen:
+    """What the follower has seen of one MPIJob by `now` (time.monotonic() seconds)."""
+
+    mpijob: dict | None             # the latest MPIJob from the watch (None: not yet)
+    deleted: bool                   # the watch saw it deleted, or a list found none
+    pods: tuple = ()                # the latest pods of the job
+    events: tuple = ()              # its events from the latest poll
+    polled: bool = False            # pods and events were read just now
+    drained: bool = False           # the log reader has read every launcher's log to its end
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the follower has told so far, and what it keeps between two looks."""
+
+    running_told: bool = False
+    told: str = ""                  # the last Status reason told
+    pull_since: float | None = None
+    ended_at: float | None = None   # when the MPIJob was first seen finished or gone
+    notes: tuple = ()               # pod trouble seen while running (OOMKilled, evicted)
+    last_code: int | None = None    # the newest launcher's exit code
+
+    def notes_text(self):
+        return "; ".join(self.notes)
+
+
+@dataclass(frozen=True)
+class Decision:
+    observation: Observation
+    tell: tuple = ()                # runner events to yield, in order
+    delete: bool = False            # delete the MPIJob (it will never run)
+    done: bool = False              # the follow is over (the last of `tell` is Exited)
+
+
+def observe(before, seen, pull_grace_seconds, drain_seconds):
+    """The next Observation from the previous one and what was `seen`, with what to tell and do."""
+    now, tell = seen.now, []
+    after = before
+    if seen.polled:
+        rejected = validation_error(seen.events)
+        if rejected:
+            return Decision(after, (Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500]),),
+                            delete=True, done=True)
+        trouble = pod_trouble(seen.pods)
+        after, pulled = _look_at_pods(after, seen, trouble, pull_grace_seconds)
+        if pulled is not None:
+            return Decision(after, (pulled,), delete=True, done=True)
+        reason = after.notes_text() if after.running_told else trouble.waiting
+        if reason != after.told and (reason or after.told):
+            after = replace(after, told=reason)
+            tell.append(Status(reason[:500]))
+    if not after.running_told and is_running(seen.mpijob):
+        after = replace(after, running_told=True, told="")
+        workers = sum(1 for p in seen.pods if p.get("metadata", {}).get("labels", {}).get(JOB_ROLE_LABEL) == "worker")
+        tell.append(Running(f"MPIJob running ({workers or 'all'} workers)"))
+    end = outcome(seen.mpijob)
+    if end is not None or seen.deleted:
+        after = replace(after, ended_at=after.ended_at if after.ended_at is not None else now)
+        if seen.drained or now - after.ended_at > drain_seconds:
+            tell.append(_end(end, after, seen.drained))
+            return Decision(after, tuple(tell), done=True)
+    return Decision(after, tuple(tell))
+
+
+def _look_at_pods(before, seen, trouble, pull_grace_seconds):
+    """Notes and exit code from the pods, and the Exited of an image that could not be pulled
+    for the whole grace period (None while it may still be)."""
+    notes = before.notes + tuple(note for note in dict.fromkeys(trouble.notes) if note not in before.notes)
+    launchers = launcher_pods(seen.pods)
+    code = exit_code(launchers[-1]) if launchers else None
+    after = replace(before, notes=notes, last_code=code if code is not None else before.last_code)
+    if not trouble.pull_error:
+        return replace(after, pull_since=None), None
+    after = replace(after, pull_since=before.pull_since if before.pull_since is not None else seen.now)
+    if seen.now - after.pull_since >= pull_grace_seconds and not after.running_told:
+        return after, Exited(None, f"image pull failed for {pull_grace_seconds:.0f} s: {trouble.pull_error}"[:500])
+    return after, None
+
+
+def _end(end, observation, drained):
+    """The Exited of an MPIJob that finished (or was deleted)."""
+    if end is None:
+        return Exited(None, "the MPIJob was deleted outside Ringmaster")
+    detail = end.detail if drained else end.detail + " (the launcher's log may be incomplete)"
+    if end.succeeded:
+        return Exited(0, detail[:500])
+    code = observation.last_code
+    return Exited(code if code not in (None, 0) else None, detail[:500], cause=observation.notes_text()[:300])

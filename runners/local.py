@@ -109,12 +109,10 @@ class LocalRunner(Runner):
         except (FileNotFoundError, ValueError):
             return None
 
-    def follow(self, spec, offset, should_stop=lambda: False, cursor=None):
+    def follow(self, spec, offset, cursor=None):
         directory = self.job_dir(spec)
         log_path = directory / "output.log"
         while not log_path.exists():
-            if should_stop():
-                return
             if not (directory / "pid").exists():
                 yield Exited(None, "the job was never started on this machine")
                 return
@@ -122,7 +120,7 @@ class LocalRunner(Runner):
             time.sleep(self.poll_interval)
         with open(log_path, "rb") as log:
             log.seek(offset)
-            while not should_stop():
+            while True:
                 data = log.read(READ_CHUNK)
                 if data:
                     yield Output(data, offset)

@@ -383,7 +383,7 @@ class SSHRunner(Runner):
         return Started(f"horovodrun started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
                        f"processes on {names} (-H {placement})")
 
-    def follow(self, spec, offset, should_stop=lambda: False, cursor=None):
+    def follow(self, spec, offset, cursor=None):
         """Tail output.log on the first host from `offset` (SFTP reads), then Exited."""
         host = self.first
         path = f"{host.job_dir(spec)}/output.log"
@@ -391,7 +391,7 @@ class SSHRunner(Runner):
         trouble_since = None
         next_status = 0.0
         try:
-            while not should_stop():
+            while True:
                 try:
                     if client is None:
                         client = self._connect(host)

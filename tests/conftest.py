@@ -319,15 +319,18 @@ def processes_marked(marker, variable):
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         except psutil.AccessDenied:
-            # A job's processes are this user's: one of ours that cannot be read is a failure to
-            # look, not proof that the job is gone. Other users' processes are not a job's.
-            if _ours(process):
+            # A process started during this test session that cannot be read may be a job's: a
+            # failure to look, not proof that the job is gone. Older ones cannot be a job's.
+            if _started_during_the_session(process):
                 raise
     return found
 
 
-def _ours(process):
+SESSION_STARTED = time.time()
+
+
+def _started_during_the_session(process):
     try:
-        return process.uids().real == os.getuid()
+        return process.create_time() >= SESSION_STARTED
     except psutil.Error:
         return False

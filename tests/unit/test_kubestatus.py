@@ -128,3 +128,93 @@ def test_any_cuts_and_resumes_give_every_line_once(lines, cuts):
     final = LogReader(LogCursor.from_json(cursor.to_json()))
     taken += final.feed(log) + final.finish()
     assert taken == expected
+
+
+# --- observe(): what was seen -> what the follower tells and does -------------------------------
+
+from runners.base import Exited, Running, Status  # noqa: E402
+
+GRACE, DRAIN = 300, 30
+RUNNING = mpijob(("Created", "True", "", ""), ("Running", "True", "MPIJobRunning", ""))
+SUCCEEDED = mpijob(("Succeeded", "True", "MPIJobSucceeded", "MPIJob team/x successfully completed."))
+FAILED = mpijob(("Failed", "True", "BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+PULL = {"containerStatuses": [{"name": "worker", "image": "nope:1", "state": {
+    "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}
+UNSCHEDULABLE = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                     "reason": "Unschedulable", "message": "no GPUs"}]}
+
+
+def look(before, now, job=None, pods=(), events=(), polled=True, drained=False, deleted=False):
+    return kubestatus.observe(before, kubestatus.Seen(mpijob=job, deleted=deleted, pods=tuple(pods),
+                                                      events=tuple(events), polled=polled, drained=drained,
+                                                      now=now), GRACE, DRAIN)
+
+
+def test_observe_tells_running_once_with_the_workers_counted():
+    first = look(kubestatus.Observation(), 0, RUNNING, [pod("j-worker-0"), pod("j-worker-1"), pod("j-l", "launcher")])
+    assert first.tell == (Running("MPIJob running (2 workers)"),) and not first.done
+    again = look(first.observation, 1, RUNNING)
+    assert again.tell == () and again.observation.running_told
+
+
+def test_observe_tells_a_waiting_reason_only_when_it_changes():
+    waiting = look(kubestatus.Observation(), 0, None, [pod("j-worker-0", **UNSCHEDULABLE)])
+    assert waiting.tell == (Status("not schedulable yet: no GPUs"),)
+    same = look(waiting.observation, 2, None, [pod("j-worker-0", **UNSCHEDULABLE)])
+    assert same.tell == ()
+    cleared = look(same.observation, 4, None, [pod("j-worker-0", phase="Running")])
+    assert cleared.tell == (Status(""),)
+    quiet = look(cleared.observation, 6, None, [pod("j-worker-0", phase="Running")])
+    assert quiet.tell == ()
+    unpolled = look(kubestatus.Observation(), 0, None, [pod("j-worker-0", **UNSCHEDULABLE)], polled=False)
+    assert unpolled.tell == ()                                 # pods are judged when they were read
+
+
+def test_a_rejected_mpijob_is_deleted_and_ends_the_follow():
+    events = [{"type": "Warning", "reason": "ValidationError", "message": "MPIJob.kubeflow.org is invalid: x"}]
+    decision = look(kubestatus.Observation(), 0, None, events=events)
+    assert decision.delete and decision.done
+    assert decision.tell == (Exited(None, "the MPI operator rejected the MPIJob: MPIJob.kubeflow.org is invalid: x"),)
+
+
+def test_an_image_that_cannot_be_pulled_fails_only_after_the_grace_and_the_clock_resets():
+    pulling = [pod("j-worker-0", **PULL)]
+    first = look(kubestatus.Observation(), 100, None, pulling)
+    assert not first.done and first.observation.pull_since == 100
+    assert first.tell == (Status("waiting for the image: cannot pull image nope:1: Back-off pulling image"),)
+    cleared = look(first.observation, 200, None, [pod("j-worker-0", phase="Running")])
+    assert cleared.observation.pull_since is None                                  # the error went away
+    again = look(cleared.observation, 300, None, pulling)
+    assert not look(again.observation, 300 + GRACE - 1, None, pulling).done
+    late = look(again.observation, 300 + GRACE, None, pulling)
+    assert late.delete and late.done
+    assert late.tell == (Exited(None, "image pull failed for 300 s: cannot pull image nope:1: Back-off pulling image"),)
+    running = look(kubestatus.Observation(running_told=True, pull_since=0), GRACE * 2, RUNNING, pulling)
+    assert not running.done                                     # a running job is not failed for a pull
+
+
+def test_the_end_waits_for_the_log_to_drain_or_the_drain_time():
+    ended = look(kubestatus.Observation(running_told=True), 10, SUCCEEDED, polled=False)
+    assert not ended.done and ended.observation.ended_at == 10
+    drained = look(ended.observation, 11, SUCCEEDED, polled=False, drained=True)
+    assert drained.done and drained.tell == (Exited(0, "MPIJob team/x successfully completed."),)
+    late = look(ended.observation, 10 + DRAIN + 1, SUCCEEDED, polled=False)
+    assert late.done and late.tell == (
+        Exited(0, "MPIJob team/x successfully completed. (the launcher's log may be incomplete)"),)
+
+
+def test_a_failure_carries_the_launchers_exit_code_and_what_the_pods_showed():
+    oom = pod("j-worker-1", containerStatuses=[{"name": "worker", "state": {"terminated": {"reason": "OOMKilled"}}}])
+    launcher = pod("j-launcher", "launcher", containerStatuses=[
+        {"name": "launcher", "state": {"terminated": {"exitCode": 137}}}])
+    seen = look(kubestatus.Observation(running_told=True), 5, RUNNING, [oom, launcher])
+    assert seen.observation.last_code == 137
+    assert seen.tell == (Status("worker in pod j-worker-1 was OOMKilled (memory limit 16Gi)"),)
+    end = look(seen.observation, 6, FAILED, polled=False, drained=True)
+    assert end.tell == (Exited(137, "MPIJob failed: BackoffLimitExceeded: Job has reached the specified backoff limit",
+                               cause="worker in pod j-worker-1 was OOMKilled (memory limit 16Gi)"),)
+
+
+def test_an_mpijob_deleted_behind_the_portals_back_ends_the_follow_saying_so():
+    decision = look(kubestatus.Observation(running_told=True), 0, RUNNING, polled=False, deleted=True, drained=True)
+    assert decision.done and decision.tell == (Exited(None, "the MPIJob was deleted outside Ringmaster"),)
