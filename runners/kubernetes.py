@@ -100,7 +100,7 @@ class KubernetesRunner(Runner):
         def create():
             try:
                 return self.custom.create_namespaced_custom_object(
-                    mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, body,
+                    mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, body, field_validation="Strict",
                     _request_timeout=self.timings.request_seconds), False
             except ApiException as exc:
                 if exc.status == 404:

@@ -236,23 +236,52 @@ def new_mpijob(spec, cluster):
     }
 
 
+# What the API server knows of an object's metadata (ObjectMeta); anything else is unknown.
+OBJECT_META_FIELDS = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+                      "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+                      "annotations", "ownerReferences", "finalizers", "managedFields")
+
+
+def strict(schema):
+    """The schema as the API server applies it with fieldValidation=Strict: an object's fields
+    are those its schema names, unless it says otherwise (additionalProperties, or
+    x-kubernetes-preserve-unknown-fields). Plain JSON Schema would let any misspelled field by."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: strict(value) for key, value in schema.items()}
+    if ("properties" in schema and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        closed["additionalProperties"] = False
+    return closed
+
+
 @lru_cache(maxsize=1)
 def _crd_validator():
     import jsonschema
     import yaml
 
-    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd = yaml.load(CRD_FILE.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
-    schema = version["schema"]["openAPIV3Schema"]
+    schema = strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object", "additionalProperties": False,
+                                        "properties": {name: {} for name in OBJECT_META_FIELDS}}
     return jsonschema.Draft7Validator(schema)
 
 
 def schema_problems(mpijob):
-    """Where `mpijob` breaks the CRD's openAPIV3Schema (what the API server would refuse)."""
+    """Where `mpijob` breaks the CRD's openAPIV3Schema as the API server applies it (strict:
+    an unknown field is refused, named by its path)."""
     problems = []
     for error in sorted(_crd_validator().iter_errors(mpijob), key=lambda e: list(e.absolute_path)):
-        where = ".".join(str(part) for part in error.absolute_path) or "(root)"
-        problems.append(f"{where}: {error.message}")
+        where = ".".join(str(part) for part in error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = error.schema.get("properties", {})
+            problems += [f"{where + '.' if where else ''}{name}: unknown field"
+                         for name in sorted(error.instance) if name not in known]
+            continue
+        problems.append(f"{where or '(root)'}: {error.message}")
     return problems
 
 

@@ -33,6 +33,8 @@ class Faults:
     """Plain attributes tests set; each *_once resets itself when used."""
     create_errors: list = dataclasses.field(default_factory=list)   # HTTP codes for the next MPIJob creates
     create_slow_once: float = 0.0       # the next MPIJob create stores the object, then sleeps this long
+    create_errors_after_store: list = dataclasses.field(default_factory=list)   # codes the next creates
+                                        # answer after storing the object (a proxy or etcd timeout)
     watch_gone_once: bool = False       # the next MPIJob watch with a resourceVersion gets 410 Expired
     cut_log_once_after: Optional[int] = None   # the next follow log stream drops after N body bytes
     delay: float = 0.0                  # seconds before answering every request
@@ -625,6 +627,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             obj.pop("status", None)    # the status subresource is not writable through create
             created = fake.store.create("mpijobs", obj)
             fake._start_runner(created)
+            if fake.faults.create_errors_after_store:
+                code = fake.faults.create_errors_after_store.pop(0)
+                raise ApiError(code, HTTP_REASONS.get(code, "Unknown"), "Internal error occurred: fake fault "
+                                                                        "(after storing)")
             slow, fake.faults.create_slow_once = fake.faults.create_slow_once, 0.0
             if slow:
                 time.sleep(slow)

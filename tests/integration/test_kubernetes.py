@@ -135,11 +135,28 @@ def test_create_answered_500_twice_is_retried_into_exactly_one_mpijob(http, fake
     assert [j["metadata"]["name"] for j in fake.mpijobs() if j["metadata"]["name"] == name] == [name]
 
 
+def test_a_create_answered_500_after_storing_is_adopted_into_exactly_one_mpijob(http, fake, cluster):
+    """The API server stored the MPIJob but the answer was lost (a proxy's 500): the retry's 409
+    finds it, and the runner adopts it rather than making a second one or failing."""
+    fake.faults.create_errors_after_store = [500]
+    before = creates(fake)
+    job_id = submit(http)
+    job = wait_state(job_id, ENDED)
+    assert job.state == State.SUCCEEDED, job.reason
+    name = job_name(job_id)
+    assert creates(fake) - before == 2                         # the stored one, then the retry's 409
+    assert [j["metadata"]["name"] for j in fake.mpijobs() if j["metadata"]["name"] == name] == [name]
+    assert any(message.startswith("adopted the MPIJob") for _, message in events(job_id))
+    assert texts(job_id) == expected(2)
+
+
 def test_a_create_that_times_out_after_creating_is_adopted_on_retry(http, fake, cluster):
     fake.faults.create_slow_once = 5            # the worker's request timeout is 3 s
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.SUCCEEDED, job.reason
+    name = job_name(job_id)
+    assert [j["metadata"]["name"] for j in fake.mpijobs() if j["metadata"]["name"] == name] == [name]
     assert any(message.startswith("adopted the MPIJob") for _, message in events(job_id))
     assert texts(job_id) == expected(2)
 
@@ -294,13 +311,33 @@ def test_an_mpijob_deleted_behind_the_portals_back_fails_the_job(http, fake, clu
     assert job.reason == "the MPIJob was deleted outside Ringmaster"
 
 
-def test_every_call_the_portal_made_is_allowed_by_the_deployed_role(fake):
-    """Runs last in this module: the Role in deploy/ grants exactly what the tests above used."""
+def test_every_call_the_portal_makes_is_allowed_by_the_deployed_role(http, fake, cluster):
+    """A job run to its end (with an uploaded script), a job cancelled while it runs, and the
+    admin's check of the cluster: every call they make is one the Role in deploy/ grants. The
+    calls are this test's own, so it holds when run alone."""
+    from jobs.backends.clusters import check
+
     role = next(doc for path in (ROOT / "deploy" / "kubernetes").glob("*.yaml")
                 for doc in yaml.safe_load_all(Path(path).read_text()) if doc and doc.get("kind") == "Role")
     allowed = {(verb, group, resource.partition("/")[0], resource.partition("/")[2])
                for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    used = {(verb, group, resource, sub) for verb, group, resource, sub, _, _ in fake.requests}
-    assert used, "the tests above made no calls"
+    start = len(fake.requests)
+
+    done = submit(http, script=upload(http))
+    assert wait_state(done, ENDED).state == State.SUCCEEDED
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold)
+    cancelled = submit(http)
+    wait_for(lambda: Job.objects.get(pk=cancelled).state == State.RUNNING, timeout=60, message="the job to run")
+    assert http.post(f"{http.base}/api/jobs/{cancelled}/cancel/").status_code == 202
+    assert wait_state(cancelled, ENDED, timeout=60).state == State.CANCELLED
+    hold.set()
+    assert check(cluster)[0]
+
+    used = {(verb, group, resource, sub) for verb, group, resource, sub, _, _ in fake.requests[start:]}
+    for needed in [("create", "kubeflow.org", "mpijobs", ""), ("watch", "kubeflow.org", "mpijobs", ""),
+                   ("delete", "kubeflow.org", "mpijobs", ""), ("create", "", "configmaps", ""),
+                   ("list", "", "pods", ""), ("get", "", "pods", "log")]:
+        assert needed in used, needed                        # the run made the calls that matter
     assert used <= allowed, used - allowed

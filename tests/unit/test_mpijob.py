@@ -193,3 +193,40 @@ def test_the_crd_in_the_repo_is_mpi_operators_v0_8_2_file():
     if not SHARED_CRD.exists():
         pytest.skip("the shared CRD is not next to this checkout")
     assert mpijob.CRD_FILE.read_bytes() == SHARED_CRD.read_bytes()
+
+
+def _misspell(path, wrong):
+    """A built MPIJob with a field added under `path` (dot path; digits index lists)."""
+    document = mpijob.new_mpijob(spec(), CLUSTER)
+    node = document
+    for part in path.split(".") if path else []:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[wrong] = 1
+    return document
+
+
+@pytest.mark.parametrize(("path", "wrong"), [
+    ("", "apiVerison"),
+    ("metadata", "lables"),
+    ("spec", "slotPerWorker"),
+    ("spec.runPolicy", "ttlSecondAfterFinished"),
+    ("spec.mpiReplicaSpecs.Worker", "replica"),
+    ("spec.mpiReplicaSpecs.Worker.template.spec", "nodeSelectors"),
+    ("spec.mpiReplicaSpecs.Worker.template.spec.containers.0", "imagePullPolice"),
+    ("spec.mpiReplicaSpecs.Worker.template.spec.containers.0.resources", "limitz"),
+    ("spec.mpiReplicaSpecs.Launcher.template.spec.containers.0", "comand"),
+])
+def test_a_misspelled_field_at_any_level_is_refused_naming_its_path(path, wrong):
+    """As the API server with fieldValidation=Strict: a typo is an error, not a setting that is
+    silently dropped (pruned) and ignored."""
+    where = f"{path}.{wrong}" if path else wrong
+    assert mpijob.schema_problems(_misspell(path, wrong)) == [f"{where}: unknown field"]
+    with pytest.raises(mpijob.InvalidMPIJob, match=f"{where}: unknown field"):
+        mpijob.validate(_misspell(path, wrong))
+
+
+def test_fields_the_crd_leaves_open_stay_open():
+    document = mpijob.new_mpijob(spec(), CLUSTER)
+    document["metadata"]["labels"]["anything.example/at-all"] = "yes"           # a map of strings
+    document["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"] = {"annotations": {"a": "b"}}
+    assert mpijob.schema_problems(document) == []
