@@ -1,6 +1,6 @@
 """Jobs as Kubeflow MPIJobs (kubeflow.org/v2beta1), through the official kubernetes client.
 
-- launch: create the MPIJob named after the job (rm-job-<id>); a 409 adopts the one a previous
+- launch: create the MPIJob named after the job (spec.name: rm-<installation>-<id>); a 409 adopts the one a previous
   try created, so a retried task never makes a second job. 5xx answers and timeouts are
   retried. Then the uploaded script's ConfigMap, owned by the MPIJob.
 - follow: three things at once. A watch on the MPIJob (resumed from its resourceVersion; a

@@ -1,6 +1,6 @@
 """The embedded default: `horovodrun --gloo` on this machine.
 
-Each job gets a directory <jobs_dir>/rm-job-<id>/ holding the script, `output.log` (launcher
+Each job gets a directory <jobs_dir>/<spec.name>/ (rm-<installation>-<id>) holding the script, `output.log` (launcher
 stdout and stderr together, each line tagged with its rank by horovodrun), `pid`, and `exit_code`,
 written when horovodrun ends. horovodrun runs detached in its own session, so a Celery worker
 that dies or restarts does not take the training down; the next follower re-attaches by offset.

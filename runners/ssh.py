@@ -1,7 +1,7 @@
 """horovodrun on interactive GPU instances, reached over SSH (paramiko).
 
 A job gets slots on one or more instances (hosts). On every host the runner makes the job
-directory <work_dir>/rm-job-<id>/ and puts the script (and ringmaster_metrics.py) there: Gloo
+directory <work_dir>/<spec.name>/ and puts the script (and ringmaster_metrics.py) there: Gloo
 runs every rank in the launcher's working directory, so the path must be the same everywhere.
 On the first host it starts
 
