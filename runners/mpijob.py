@@ -293,16 +293,17 @@ def controller_problems(mpijob):
     unknown = set(specs) - {"Launcher", "Worker"}
     if unknown:
         problems.append(f"mpiReplicaSpecs: unknown replica types {sorted(unknown)}")
+    # The operator defaults before it validates: a launcher's replicas to 1, a worker's to 0, a
+    # restart policy to OnFailure (launcher) or Never (worker).
     launcher, worker = specs.get("Launcher"), specs.get("Worker")
-    if not launcher:
+    if launcher is None:
         problems.append("mpiReplicaSpecs.Launcher is required")
     elif launcher.get("replicas", 1) != 1:
         problems.append("mpiReplicaSpecs.Launcher.replicas must be 1")
     if worker is not None and worker.get("replicas", 0) < 1:
         problems.append("mpiReplicaSpecs.Worker.replicas must be at least 1")
     for kind, replica in specs.items():
-        if not replica:
-            continue
+        replica = replica or {}
         if replica.get("restartPolicy", "Never") not in ("Never", "OnFailure"):
             problems.append(f"mpiReplicaSpecs.{kind}.restartPolicy must be Never or OnFailure")
         if not replica.get("template", {}).get("spec", {}).get("containers"):
@@ -310,6 +311,9 @@ def controller_problems(mpijob):
     policy = mpijob.get("spec", {}).get("runPolicy", {})
     if policy.get("cleanPodPolicy") not in CLEAN_POD_POLICIES:
         problems.append(f"runPolicy.cleanPodPolicy must be set to one of {', '.join(CLEAN_POD_POLICIES)}")
+    for field in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+        if isinstance(policy.get(field), int) and policy[field] < 0:
+            problems.append(f"runPolicy.{field} must not be negative")
     last_worker = f"{name}-worker-{max((worker or {}).get('replicas', 1) - 1, 0)}"
     if len(last_worker) > 63 or not _DNS_1035.match(last_worker):
         problems.append(f"metadata.name: {last_worker!r} (the last worker's name) is not a valid DNS-1035 label")

@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 import http.server
 import json
+import re
 import secrets
 import select
 import socket
@@ -299,6 +300,19 @@ class FakeKube:
             if rspec and not ((rspec.get("template") or {}).get("spec") or {}).get("containers"):
                 errs.append(f"spec.mpiReplicaSpecs[{rtype}].template.spec.containers: Required value: "
                             "must define at least one container")
+        policy = job["spec"].get("runPolicy") or {}
+        if policy.get("cleanPodPolicy", "None") not in ("None", "Running", "All"):
+            errs.append(f'spec.runPolicy.cleanPodPolicy: Unsupported value: "{policy["cleanPodPolicy"]}": '
+                        'supported values: "None", "Running", "All"')
+        for field in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+            if isinstance(policy.get(field), int) and policy[field] < 0:
+                errs.append(f"spec.runPolicy.{field}: Invalid value: {policy[field]}: must be greater than or "
+                            "equal to 0")
+        name = (job.get("metadata") or {}).get("name", "")
+        hostname = f"{name}-worker-{max((worker or {}).get('replicas', 1) - 1, 0)}"
+        if len(hostname) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", hostname):
+            errs.append(f'metadata.name: Invalid value: "{name}": will not able to create pod and service '
+                        "with invalid DNS label")
         return ", ".join(errs) if len(errs) < 2 else "[" + ", ".join(errs) + "]"
 
     # kubelet logs: lines are timestamped when completed; a partial line waits for its newline
