@@ -311,9 +311,9 @@ def controller_problems(mpijob):
     policy = mpijob.get("spec", {}).get("runPolicy", {})
     if policy.get("cleanPodPolicy") not in CLEAN_POD_POLICIES:
         problems.append(f"runPolicy.cleanPodPolicy must be set to one of {', '.join(CLEAN_POD_POLICIES)}")
-    for field in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
-        if isinstance(policy.get(field), int) and policy[field] < 0:
-            problems.append(f"runPolicy.{field} must not be negative")
+    for setting in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+        if isinstance(policy.get(setting), int) and policy[setting] < 0:
+            problems.append(f"runPolicy.{setting} must not be negative")
     last_worker = f"{name}-worker-{max((worker or {}).get('replicas', 1) - 1, 0)}"
     if len(last_worker) > 63 or not _DNS_1035.match(last_worker):
         problems.append(f"metadata.name: {last_worker!r} (the last worker's name) is not a valid DNS-1035 label")
