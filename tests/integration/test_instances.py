@@ -118,6 +118,26 @@ def test_a_changed_host_key_is_refused(sshds, db):
     assert not Instance.objects.get(pk=instance.pk).healthy
 
 
+def test_a_launch_to_a_host_whose_key_changed_is_refused(http, sshds):
+    """The launch path, not only the health check: the job fails naming both fingerprints, no
+    process of it starts on the host, and the instance gets no more jobs."""
+    from runners.ssh import host_key_fingerprint
+
+    instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    other = sshds["servers"][1].host_key_line()
+    Instance.objects.filter(pk=instance.pk).update(host_key=other)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
+
+    job = wait_state(job_id, ENDED, timeout=60)
+    assert job.state == State.FAILED
+    assert "the host key changed" in job.reason and "refusing to connect" in job.reason
+    assert f"expected {host_key_fingerprint(other)}" in job.reason
+    assert job_processes(sshds, job_id) == []
+    assert not (sshds["work_dir"] / job_name(job_id)).exists()             # nothing was put there
+    refused = Instance.objects.get(pk=instance.pk)
+    assert not refused.healthy and "host key changed" in refused.health_reason
+
+
 def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     add_instance(sshds, "gpu-a", "127.0.0.2", 2)
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "20"])
@@ -177,10 +197,15 @@ def test_cancel_kills_every_process_on_every_host_and_frees_the_slots(http, sshd
     assert not SlotAllocation.objects.exists()
 
 
-def test_unreachable_instance_fails_the_job_quickly_with_the_reason(http, sshds):
-    with socket.socket() as sock:                       # a port where nothing listens
+@pytest.fixture
+def dead_port():
+    """A port of 127.0.0.2 held bound, not listening, for the whole test: a connection is refused."""
+    with socket.socket() as sock:
         sock.bind(("127.0.0.2", 0))
-        dead_port = sock.getsockname()[1]
+        yield sock.getsockname()[1]
+
+
+def test_unreachable_instance_fails_the_job_quickly_with_the_reason(http, sshds, dead_port):
     add_instance(sshds, "gone", "127.0.0.2", 2)
     Instance.objects.filter(name="gone").update(port=dead_port)
     started = time.monotonic()
