@@ -227,6 +227,16 @@ def http(live_portal, celery_worker, image, make_user):
     wait_worker_idle(celery_worker)
 
 
+def needs_row_locks():
+    """Race tests need PostgreSQL's row locks; on SQLite (which serialises every write) they
+    would prove nothing. `make test` runs them on PostgreSQL (its DATABASE_URL)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("race test skipped: it needs PostgreSQL's row locks (SQLite serialises writes, so a "
+                    "race there proves nothing); `make test` runs it on PostgreSQL")
+
+
 def admit_from_threads(count=8, join_timeout=60):
     """Run jobs.domain.scheduler.admit() from `count` threads released at once: (admitted ids, errors)."""
     import threading

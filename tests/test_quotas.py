@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from jobs.domain import scheduler, services, states
 from jobs import taskqueue, tasks
 from jobs.models import Job, JobEvent, Quota, Script, State, UserSettings
-from tests.conftest import wait_for
+from tests.conftest import needs_row_locks, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -75,8 +75,7 @@ def test_fifty_concurrent_submissions_never_admit_past_a_quota_of_8_gpus(make_us
     a runner thread ends admitted jobs (and dispatches again). From the recorded admissions and
     ends, in the order the database recorded them, no more than 8 GPUs are ever admitted at once,
     and every job runs once capacity frees."""
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks need PostgreSQL")
+    needs_row_locks()
     settings.RINGMASTER_LOCAL_GPUS = 64                # the quota is the limit here, not the machine
     alice = make_user("alice")
     Quota.objects.create(user=alice, gpus=8)

@@ -5,7 +5,7 @@ from django.db import connection
 
 from jobs.domain import scheduler, states
 from jobs.models import Job, JobEvent, Script, State
-from tests.conftest import admit_from_threads
+from tests.conftest import admit_from_threads, needs_row_locks
 
 pytestmark = pytest.mark.django_db
 
@@ -59,8 +59,7 @@ def test_transition_refuses_fields_outside_its_remit(job):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_admission_never_exceeds_capacity(make_user, image, settings):
     """Eight schedulers at once, on PostgreSQL: the local slots are never overbooked."""
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks need PostgreSQL")
+    needs_row_locks()
     settings.RINGMASTER_LOCAL_GPUS = 4
     owner = make_user("alice")
     script = Script.objects.create(owner=owner, name="t.py", sha256="0" * 64, size=1, content="x")
