@@ -1,7 +1,6 @@
 """The state machine is the only way a state changes; admission never exceeds capacity."""
 
 import pytest
-from django.db import connection
 
 from jobs.domain import scheduler, states
 from jobs.models import Job, JobEvent, Script, State
