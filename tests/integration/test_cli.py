@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from cli.main import format_line
 from jobs.models import Job, LogLine, MetricPoint, Script, State
-from jobs.web.serializers import rank_label
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -105,9 +103,13 @@ def submit(env, script, *args, gpus=2, name="cli test"):
 
 
 def expected_output(job_id):
-    """Every stored line of the job, in seq order, as the command prints it."""
-    return [format_line({"rank": rank_label(l.rank), "stream": l.stream, "text": l.text})
-            for l in LogLine.objects.filter(job_id=job_id).order_by("seq")]
+    """Every stored line of the job, in seq order, as the README says the command prints it:
+    `[rank] text`, `[rank stderr] text`, `[launcher] text` (written here, not by its formatter)."""
+    printed = []
+    for line in LogLine.objects.filter(job_id=job_id).order_by("seq"):
+        who = "launcher" if line.rank is None else str(line.rank)
+        printed.append(f"[{who}] {line.text}" if line.stream == "stdout" else f"[{who} {line.stream}] {line.text}")
+    return printed
 
 
 def numbered(lines, rank):
