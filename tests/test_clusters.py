@@ -287,11 +287,12 @@ def _admin_errors(client, url, data):
     return {name: list(errors) for name, errors in response.context["adminform"].form.errors.items()}
 
 
-@pytest.mark.parametrize(("field", "option", "value"), [
-    ("namespace", "--namespace", "Team_A"),
-    ("kueue_queue", "--kueue-queue", "bad queue!"),
+@pytest.mark.parametrize(("field", "option", "named", "value"), [
+    ("namespace", "--namespace", "--namespace", "Team_A"),
+    ("kueue_queue", "--kueue-queue", "--kueue-queue/kueue_queue", "bad queue!"),
 ])
-def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_user, tmp_path, field, option, value):
+def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_user, tmp_path, field, option, named,
+                                                                   value):
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
     data = {"name": "x", "enabled": "on", "connection": "kubeconfig", "kubeconfig": kubeconfig(), "context": "",
             "namespace": "training", "gpus_per_node": "8", "node_selector": "{}", "tolerations": "[]",
@@ -305,7 +306,7 @@ def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_u
     with pytest.raises(CommandError) as refused:
         run("add_cluster", "--name", "x", "--kubeconfig", str(path), "--no-check",
             *[word for pair in argv.items() for word in pair])
-    assert str(refused.value) == f"{field}: {' '.join(shown[field])}"
+    assert str(refused.value) == f"{named}: {' '.join(shown[field])}"
     assert not Cluster.objects.exists()
 
 
@@ -323,3 +324,26 @@ def test_the_admin_and_add_instance_refuse_a_key_that_is_not_one_alike(client, m
             "--gpus", "2", "--no-check")
     assert str(refused.value) == f"--key-file: {' '.join(shown['private_key'])}"
     assert not Instance.objects.exists()
+
+
+def test_add_instance_updates_the_instance_of_that_name_from_its_options(tmp_path):
+    """Run again, the command sets every option it was given and clears the ones it was not (the
+    work dir is kept); another host forgets the recorded host key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from jobs.models import Instance
+
+    path = tmp_path / "key"
+    path.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    common = ["add_instance", "--name", "gpu-a", "--user", "root", "--key-file", str(path), "--no-check"]
+    run(*common, "--host", "127.0.0.2", "--gpus", "2", "--work-dir", "/scratch", "--peer-ssh-port", "2222")
+    Instance.objects.update(host_key="ssh-ed25519 AAAA")
+    run(*common, "--host", "127.0.0.3", "--gpus", "4")
+    instance = Instance.objects.get()
+    assert (instance.host, instance.gpus, instance.work_dir, instance.peer_ssh_port, instance.host_key) == (
+        "127.0.0.3", 4, "/scratch", None, "")
+    assert instance.private_key() == path.read_text()
+    with pytest.raises(CommandError, match=r"^--gpus: Must be at least 1\.$"):
+        run(*common, "--host", "127.0.0.3", "--gpus", "0")

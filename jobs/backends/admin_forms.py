@@ -7,7 +7,7 @@ stored one, encrypted (jobs.secrets); it is never shown back, and left empty it 
 import json
 
 from django import forms
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured
 from django.forms.models import model_to_dict
 
 from jobs.backends.clusters import ClusterError, cluster_problems, parse_kubeconfig
@@ -22,13 +22,33 @@ def write_only_secret(rows, help_text):
 
 
 def bound(form_class, instance, **values):
-    """`form_class` bound to `instance`'s current values (or its model's defaults) with `values`
-    changed: how a command that sets some options fills in the rest."""
-    data = {name: value for name, value in model_to_dict(instance).items() if value is not None}
-    data.update({name: value for name, value in values.items() if value is not None})
-    # As a browser sends them: JSON fields as text (an empty {} or [] would read as "no value").
-    data = {name: json.dumps(value) if isinstance(value, (dict, list)) else value for name, value in data.items()}
-    return form_class(data=data, instance=instance)
+    """`form_class` bound to `instance`'s current values (or its model's defaults) with `values` set
+    over them (None: empty), posted as a browser would: how a command sets its options and keeps the
+    rest. JSON fields go as text (an empty {} or [] would otherwise read as "no value")."""
+    data = {**model_to_dict(instance), **values}
+    return form_class(data={name: _posted(value) for name, value in data.items()}, instance=instance)
+
+
+def _posted(value):
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
+def errors_by_option(form, options):
+    """The form's errors on one line, each named by the command option that set its field:
+    "--gpus: Must be at least 1.". `options` names the fields whose option is called otherwise
+    ({"private_key": "--key-file"}); a field spelled with _ is also named as the admin has it:
+    "--kueue-queue/kueue_queue: ..."."""
+    def name(field):
+        if field == NON_FIELD_ERRORS:
+            return ""
+        if field in options:
+            return f"{options[field]}: "
+        option = "--" + field.replace("_", "-")
+        return f"{option}/{field}: " if "_" in field else f"{option}: "
+
+    return "; ".join(name(field) + " ".join(messages) for field, messages in form.errors.items())
 
 
 class InstanceForm(forms.ModelForm):
@@ -45,7 +65,7 @@ class InstanceForm(forms.ModelForm):
     def clean_gpus(self):
         gpus = self.cleaned_data["gpus"]
         if gpus is not None and gpus < 1:
-            raise forms.ValidationError("At least 1.")
+            raise forms.ValidationError("Must be at least 1.")
         return gpus
 
     def clean_private_key(self):
@@ -95,7 +115,7 @@ class ClusterForm(forms.ModelForm):
         if not self.errors:
             for field, messages in cluster_problems(self.instance).items():
                 for message in messages:
-                    self.add_error(None if field == "__all__" else field, message)
+                    self.add_error(None if field == NON_FIELD_ERRORS else field, message)
 
     def _clean_kubeconfig(self, data):
         text = data.get("kubeconfig") or ""

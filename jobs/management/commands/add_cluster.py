@@ -4,8 +4,11 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.backends import clusters
-from jobs.backends.admin_forms import ClusterForm, bound
+from jobs.backends.admin_forms import ClusterForm, bound, errors_by_option
 from jobs.models import Cluster
+
+# The form's fields whose option is not --field-name.
+OPTIONS = {"connection": "--kubeconfig", "enabled": "--disabled"}
 
 
 def _json(value, kind, option):
@@ -53,14 +56,14 @@ class Command(BaseCommand):
                 raise CommandError(f"cannot read the kubeconfig: {exc.strerror}") from None
         cluster = Cluster.objects.filter(name=o["name"]).first() or Cluster(name=o["name"])
         connection = Cluster.Connection.KUBECONFIG if o["kubeconfig"] else Cluster.Connection.IN_CLUSTER
+        kept = {} if o["backoff_limit"] is None else {"backoff_limit": o["backoff_limit"]}
         form = bound(ClusterForm, cluster, name=o["name"], connection=connection, kubeconfig=text,
                      context=o["context"], namespace=o["namespace"], gpus_per_node=o["gpus_per_node"],
                      node_selector=node_selector, tolerations=tolerations, priority_class=o["priority_class"],
-                     kueue_queue=o["kueue_queue"], launcher=o["launcher"], backoff_limit=o["backoff_limit"],
-                     enabled=not o["disabled"], gpu_limit="" if o["gpu_limit"] is None else o["gpu_limit"])
+                     kueue_queue=o["kueue_queue"], launcher=o["launcher"], gpu_limit=o["gpu_limit"],
+                     enabled=not o["disabled"], **kept)
         if not form.is_valid():
-            raise CommandError("; ".join(f"{field}: {' '.join(messages)}"
-                                         for field, messages in form.errors.items()))
+            raise CommandError(errors_by_option(form, OPTIONS))
         cluster = form.save()
         self.stdout.write(f"cluster {cluster.name} saved")
         if not o["no_check"]:

@@ -3,18 +3,12 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.backends import instances
-from jobs.backends.admin_forms import InstanceForm, bound
+from jobs.backends.admin_forms import InstanceForm, bound, errors_by_option
 from jobs.models import Instance
 from runners import ssh
 
-# Form fields, as this command's options name them.
-OPTIONS = {"private_key": "--key-file", "host_key": "--host"}
-
-
-def form_errors(form, options=OPTIONS):
-    """One line naming each bad option: "--gpus: At least 1."."""
-    return "; ".join(f"{options.get(field, '--' + field.replace('_', '-'))}: {' '.join(messages)}"
-                     for field, messages in form.errors.items())
+# The form's fields whose option is not --field-name.
+OPTIONS = {"private_key": "--key-file", "host_key": "--host", "enabled": "--disabled"}
 
 
 class Command(BaseCommand):
@@ -44,12 +38,13 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read the key file: {exc.strerror}") from None
         instance = Instance.objects.filter(name=o["name"]).first() or Instance(name=o["name"])
+        kept = {"work_dir": o["work_dir"]} if o["work_dir"] else {}       # else the current one
         form = bound(InstanceForm, instance, name=o["name"], host=o["host"], port=o["port"], user=o["user"],
-                     gpus=o["gpus"], labels=o["labels"], setup=o["setup"], work_dir=o["work_dir"],
-                     peer_ssh_port=o["peer_ssh_port"], peer_ssh_key=o["peer_ssh_key"],
-                     network_interface=o["network_interface"], enabled=not o["disabled"], private_key=key)
+                     gpus=o["gpus"], labels=o["labels"], setup=o["setup"], peer_ssh_port=o["peer_ssh_port"],
+                     peer_ssh_key=o["peer_ssh_key"], network_interface=o["network_interface"],
+                     enabled=not o["disabled"], private_key=key, **kept)
         if not form.is_valid():
-            raise CommandError(form_errors(form))
+            raise CommandError(errors_by_option(form, OPTIONS))
         instance = form.save(commit=False)
         instance.healthy, instance.health_reason = False, "not checked yet"
         instance.save()
