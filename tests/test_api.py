@@ -221,3 +221,26 @@ def test_openapi_schema_describes_the_job_endpoints(client):
                  "/api/jobs/{job_id}/cancel/", "/api/jobs/{job_id}/logs/", "/api/jobs/{job_id}/metrics/"):
         assert path in paths
     assert "gpus" in response.json()["components"]["schemas"]["JobCreateRequest"]["properties"]
+
+
+def test_an_image_that_cannot_run_on_the_backend_is_refused_naming_where_it_runs(client, image, script, alice):
+    from jobs.models import Image
+
+    Image.objects.create(name="horovod-0.28.1", container_image="horovod/horovod:0.28.1", python="python")
+    client.force_login(alice)
+    response = post_job(client, image="horovod-0.28.1", gpus=2, script=script.pk, backend="local")
+    assert response.status_code == 400
+    assert response.json() == {"image": [
+        "Image horovod-0.28.1 is a container image (horovod/horovod:0.28.1) for Kubernetes clusters; "
+        "this machine needs an image with an interpreter: horovod-cpu."]}
+
+
+def test_the_job_form_opens_on_an_image_that_runs_on_its_backend(client, image, alice):
+    from jobs.models import Image
+
+    first_by_name = Image.objects.create(name="a-container", container_image="horovod/horovod:0.28.1")
+    client.force_login(alice)
+    form = client.get("/jobs/new/").context["form"]
+    assert form.fields["backend"].initial == "local"
+    assert form.fields["image"].initial == image.pk != first_by_name.pk
+    assert f'<option value="{image.pk}" selected>' in client.get("/jobs/new/").content.decode()

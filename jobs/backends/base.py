@@ -13,6 +13,8 @@ portal ask which backend a job has:
 """
 from dataclasses import dataclass
 
+from jobs.models import Image
+
 
 @dataclass(frozen=True)
 class QueuedJob:
@@ -73,6 +75,15 @@ class Admission:
         """Record what the admitted `job` now holds (its GPUs in the book are counted already)."""
 
 
+def interpreter_problem(image, where):
+    """An image for a backend that runs an interpreter (this machine, instances): not a container."""
+    if not image.container_image:
+        return None
+    fitting = ", ".join(Image.objects.filter(enabled=True, container_image="").values_list("name", flat=True))
+    return (f"Image {image.name} is a container image ({image.container_image}) for Kubernetes clusters; "
+            f"{where} needs an image with an interpreter" + (f": {fitting}." if fitting else "."))
+
+
 class Backend:
     name = ""            # stored in Job.backend; what the API's "backend" takes
     label = ""           # what the job form shows
@@ -100,9 +111,17 @@ class Backend:
         """The most GPUs one job may ask for here, or None: no limit of the backend's own."""
         return None
 
+    def image_problem(self, image):
+        """Why `image` cannot run on this backend (naming where it can), or None."""
+        return None
+
     def clean(self, form, data):
         """Check a submission's backend-specific fields; report with form.add_error(field, text).
         `data` is the form's cleaned data and may be completed (e.g. a default cluster)."""
+        image = data.get("image")
+        problem = self.image_problem(image) if image is not None else None
+        if problem and "image" not in form.errors:
+            form.add_error("image", problem)
         if data.get("cluster") is not None:
             form.add_error("cluster", f"The {self.name} backend takes no cluster.")
         limit, gpus = self.largest_job(), data.get("gpus")

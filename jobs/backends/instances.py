@@ -15,7 +15,7 @@ from django.utils import timezone
 from runners import ssh
 
 from jobs import taskqueue
-from jobs.backends.base import Admission, Backend
+from jobs.backends.base import Admission, Backend, interpreter_problem
 from jobs.models import Instance, SlotAllocation
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,9 @@ class InstancesBackend(Backend):
     def capacity(self):
         """GPUs of the healthy, enabled instances."""
         return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
+
+    def image_problem(self, image):
+        return interpreter_problem(image, "a GPU instance")
 
     def release(self, job_id):
         SlotAllocation.objects.filter(job_id=job_id).delete()

@@ -80,8 +80,9 @@ class KubernetesBackend(Backend):
         if cluster.gpu_limit is not None and gpus and gpus > cluster.gpu_limit and "gpus" not in form.errors:
             form.add_error("gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
         image = data.get("image")
-        if image is not None and not image.container_image:
-            form.add_error("image", f"Image {image.name} has no container image, so it cannot run on Kubernetes.")
+        problem = self.image_problem(image) if image is not None else None
+        if problem and "image" not in form.errors:
+            form.add_error("image", problem)
         if "group" not in form.errors:
             try:
                 namespace_for(cluster, data.get("group"))
@@ -104,6 +105,11 @@ class KubernetesBackend(Backend):
         if cluster is None:
             form.add_error("cluster", f"No enabled cluster {value!r}. Available: {_cluster_names() or 'none'}.")
         return cluster
+
+    def image_problem(self, image):
+        if not image.container_image:
+            return f"Image {image.name} has no container image, so it cannot run on Kubernetes."
+        return None
 
     def job_fields(self, data):
         return {"cluster": data.get("cluster")}

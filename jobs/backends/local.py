@@ -1,7 +1,7 @@
 """The embedded default: horovodrun on the portal's own machine (runners.local)."""
 from django.conf import settings
 
-from jobs.backends.base import Backend
+from jobs.backends.base import Backend, interpreter_problem
 from runners.local import LocalRunner
 
 
@@ -17,6 +17,9 @@ class LocalBackend(Backend):
 
     def too_large(self, limit):
         return f"This machine runs at most {limit} processes per job."
+
+    def image_problem(self, image):
+        return interpreter_problem(image, "this machine")
 
     def runner(self, job):
         return LocalRunner(settings.RINGMASTER_JOBS_DIR)

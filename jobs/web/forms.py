@@ -320,6 +320,7 @@ class JobPageForm(JobForm):
         ]
         self.fields["backend"].choices = [(backend.name, backend.label) for backend in offered]
         self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
+        self._choose_fitting_image(offered)
         self.fields["gpus"].help_text = (
             "On this machine each GPU is one process; on a machine without GPUs they run on the CPU."
         )
@@ -338,6 +339,14 @@ class JobPageForm(JobForm):
 
     def clean_image(self):
         return ImageField().clean(self.cleaned_data["image"])
+
+    def _choose_fitting_image(self, offered):
+        """The form opens on an image that runs on the backend it opens on."""
+        default = next((b for b in offered if b.name == self.fields["backend"].initial), None)
+        if default is not None:
+            fitting = next((i for i in self.fields["image"].queryset if default.image_problem(i) is None), None)
+            if fitting is not None:
+                self.fields["image"].initial = fitting.pk
 
     def clean_cluster(self):
         return self.cleaned_data.get("cluster")
