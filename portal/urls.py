@@ -11,3 +11,6 @@ urlpatterns = [
     path("api/", include("jobs.web.api_urls")),
     path("", include("jobs.web.urls")),
 ]
+
+handler404 = "jobs.web.errors.not_found"
+handler400 = "jobs.web.errors.bad_request"

@@ -100,7 +100,8 @@ class KubernetesBackend(Backend):
                 names = _cluster_names()
                 form.add_error("cluster", f"Choose a cluster: {names}." if names else "No Kubernetes cluster is set up.")
             return cluster
-        query = Q(name=value) | (Q(pk=int(value)) if value.isdigit() else Q())
+        query = Q(name=value) | (Q(pk=int(value)) if value.isascii() and value.isdigit() and int(value) < 2 ** 31
+                                 else Q())
         cluster = _enabled_clusters().filter(query).first()
         if cluster is None:
             form.add_error("cluster", f"No enabled cluster {value!r}. Available: {_cluster_names() or 'none'}.")

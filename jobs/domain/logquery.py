@@ -12,7 +12,7 @@ def parse_rank(value):
         return ALL_RANKS
     if value == "launcher":
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit() and int(value) < 2 ** 31:
         return int(value)
     raise ValueError(value)
 

@@ -3,14 +3,16 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.domain import logquery, quotas, scheduler, services
 from jobs.domain.services import visible_jobs
 from jobs.web.forms import JobForm, ScriptUploadForm, visible_scripts
-from jobs.models import Image, MetricPoint
+from jobs.models import Image, MetricPoint, State
+from jobs.web import params as params_
+from jobs.web.parsers import JSONParser
 from jobs.web.serializers import (
     ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
     QuotaSerializer, ScriptSerializer, ScriptUploadRequest, rank_label,
@@ -58,8 +60,12 @@ class JobList(APIView):
                    parameters=[OpenApiParameter("state", str, description="Only jobs in this state.")])
     def get(self, request):
         jobs = scheduler.with_queue_position(visible_jobs(request.user))
-        if request.query_params.get("state"):
-            jobs = jobs.filter(state=request.query_params["state"].upper())
+        state = request.query_params.get("state", "").upper()
+        if state:
+            if state not in State.values:
+                return Response({"state": [f"Must be one of {', '.join(State.values)}."]},
+                                status=status.HTTP_400_BAD_REQUEST)
+            jobs = jobs.filter(state=state)
         if request.query_params.get("mine") and request.user.is_staff:
             jobs = jobs.filter(owner=request.user)
         paginator = LimitOffsetPagination()
@@ -109,28 +115,18 @@ class JobLogs(APIView):
         as `before` for the page above."""
         job = get_job(request, job_id)
         params, errors = request.query_params, {}
-        since, before = -1, None
-        try:
-            since = int(params.get("since", -1))
-        except ValueError:
-            errors["since"] = ["Must be an integer."]
-        try:
-            before = int(params["before"]) if params.get("before", "") != "" else None
-        except ValueError:
-            errors["before"] = ["Must be an integer."]
-        try:
-            limit = int(params.get("limit", 1000))
-            if not 1 <= limit <= MAX_LOG_LIMIT:
-                raise ValueError
-        except ValueError:
-            errors["limit"] = [f"Must be an integer from 1 to {MAX_LOG_LIMIT}."]
+        since = params_.integer(params, "since", errors, default=-1)
+        before = params_.integer(params, "before", errors)
+        limit = params_.integer(params, "limit", errors, default=1000, bounds=(1, MAX_LOG_LIMIT))
+        query = params_.text(params, "q", errors)
+        rank = logquery.ALL_RANKS
         try:
             rank = logquery.parse_rank(params.get("rank"))
         except ValueError:
             errors["rank"] = ['Must be a rank number or "launcher".']
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
-        page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=params.get("q", ""))
+        page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=query)
         return Response({
             "lines": LogLineSerializer(page, many=True).data,
             "next": page[-1].seq if page else since,

@@ -1,14 +1,15 @@
 from django.urls import path
 
 from jobs.web import api
+from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
     path("images/", api.ImageList.as_view(), name="api-images"),
     path("scripts/", api.ScriptList.as_view(), name="api-scripts"),
     path("jobs/", api.JobList.as_view(), name="api-jobs"),
-    path("jobs/<int:job_id>/", api.JobDetail.as_view(), name="api-job"),
-    path("jobs/<int:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
-    path("jobs/<int:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
-    path("jobs/<int:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
+    path("jobs/<id:job_id>/", api.JobDetail.as_view(), name="api-job"),
+    path("jobs/<id:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
+    path("jobs/<id:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
+    path("jobs/<id:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
     path("quota/", api.QuotaView.as_view(), name="api-quota"),
 ]

@@ -14,6 +14,7 @@ from django.db.models import Q
 
 from jobs import backends
 from jobs.domain import quotas
+from jobs.web.params import plain_digits, text_problem
 from jobs.models import Image, Script
 
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -26,8 +27,10 @@ RESERVED_ENV_PREFIX = "RINGMASTER_"
 
 
 def _no_nul(value, what):
-    if "\x00" in value:
-        raise forms.ValidationError(f"{what} must not contain NUL bytes.")
+    """Text that can be stored: no NUL byte, no lone surrogate (jobs.web.params)."""
+    problem = text_problem(value)
+    if problem:
+        raise forms.ValidationError(f"{what} {problem}.")
 
 
 class StringListField(forms.Field):
@@ -80,6 +83,7 @@ class StringMapField(forms.Field):
         if len(value) > MAX_ENV:
             raise forms.ValidationError(f"At most {MAX_ENV} variables.")
         for name, val in value.items():
+            _no_nul(name, "A variable name")
             if not ENV_NAME.match(name):
                 raise forms.ValidationError(
                     f"{name!r} is not a valid variable name (letters, digits and _, not starting with a digit)."
@@ -116,8 +120,12 @@ class ImageField(forms.Field):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise forms.ValidationError("Give the image's name or id.")
+        if isinstance(value, int) and not 0 < value < 2 ** 31:
+            raise forms.ValidationError(f"No image with id {value}.")
+        if isinstance(value, str):
+            _no_nul(value, "The image")
         query = Q(name=str(value))
-        if isinstance(value, int) or str(value).isdigit():
+        if isinstance(value, int) or (plain_digits(value) and int(value) < 2 ** 31):
             query |= Q(pk=int(value))
         image = Image.objects.filter(query, enabled=True).first()
         if image is None:
@@ -194,11 +202,14 @@ class JobForm(forms.Form):
 
     def clean_cluster(self):
         """Where the job runs, for a backend with several places (resolved by that backend)."""
-        return (self.cleaned_data["cluster"] or "").strip() or None
+        value = (self.cleaned_data["cluster"] or "").strip()
+        _no_nul(value, "The cluster")
+        return value or None
 
     def clean_group(self):
         """A group the user belongs to, by name; none given: the user's default group."""
         name = (self.cleaned_data["group"] or "").strip()
+        _no_nul(name, "The group")
         groups = quotas.groups_of(self.user)
         if not name:
             return quotas.default_group(self.user, groups)

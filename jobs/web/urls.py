@@ -1,15 +1,16 @@
 from django.urls import path
 
 from jobs.web import usage_views, views
+from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("jobs/new/", views.job_new, name="job-new"),
-    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
-    path("jobs/<int:job_id>/mpijob/", views.job_mpijob, name="job-mpijob"),
-    path("jobs/<int:job_id>/log/", views.job_log_download, name="job-log-download"),
-    path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
-    path("jobs/<int:job_id>/rerun/", views.job_rerun, name="job-rerun"),
+    path("jobs/<id:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<id:job_id>/mpijob/", views.job_mpijob, name="job-mpijob"),
+    path("jobs/<id:job_id>/log/", views.job_log_download, name="job-log-download"),
+    path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("usage.csv", usage_views.usage_csv, name="usage-csv"),
     path("cluster/", usage_views.cluster, name="cluster"),

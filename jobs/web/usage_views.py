@@ -9,6 +9,7 @@ from django.shortcuts import render
 
 from jobs.domain import accounting, quotas, scheduler
 from jobs import backends
+from jobs.web.params import plain_digits, text_problem
 from jobs.models import ACTIVE_STATES, Cluster, Job, State
 
 MAX_DAYS = 366
@@ -23,7 +24,7 @@ def _days(request, default=30):
     value = request.GET.get("days", "")
     if value == "":
         return default
-    if not value.isdigit() or not 1 <= int(value) <= MAX_DAYS:
+    if not plain_digits(value) or not 1 <= int(value) <= MAX_DAYS:
         raise BadParameter(f"days: must be a whole number from 1 to {MAX_DAYS}.")
     return int(value)
 
@@ -130,6 +131,9 @@ def usage_csv(request):
 
 def _csv_jobs(request):
     username, group_name = request.GET.get("user", ""), request.GET.get("group", "")
+    for name, value in (("user", username), ("group", group_name)):
+        if text_problem(value):
+            raise BadParameter(f"{name}: {text_problem(value)}.")
     if not request.user.is_staff:
         if (username and username != request.user.get_username()) or group_name:
             raise BadParameter("user, group: only staff may export other users' usage.")
