@@ -101,7 +101,7 @@ def _fernet_keys():
 
 
 @pytest.fixture(scope="session")
-def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_keys):
+def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_keys, _local_nvidia_smi):
     """Environment for child processes: the test database, the test Redis, a jobs folder."""
     data_dir = tmp_path_factory.mktemp("ringmaster-data")
     env = dict(os.environ)
@@ -119,6 +119,11 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_ke
         # The Kubernetes backend against the fake API server: poll pods often, give up on a call soon.
         "RINGMASTER_KUBE_POLL_SECONDS": "0.3",
         "RINGMASTER_KUBE_REQUEST_SECONDS": "3",
+        # This machine's nvidia-smi is the fake of tests/fakegpu where a test puts it (fake_gpus),
+        # and absent otherwise, even on a machine with GPUs; asked afresh each time.
+        "RINGMASTER_NVIDIA_SMI": str(settings.RINGMASTER_NVIDIA_SMI),
+        "RINGMASTER_GPU_CHECK_SECONDS": "0",
+        "RINGMASTER_TELEMETRY_SECONDS": "0.5",
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")
@@ -130,6 +135,50 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_ke
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _local_nvidia_smi(tmp_path_factory):
+    """This machine's nvidia-smi, for the portal: absent until a test installs the fake there."""
+    settings.RINGMASTER_NVIDIA_SMI = tmp_path_factory.mktemp("local-gpus") / "nvidia-smi"
+    settings.RINGMASTER_GPU_CHECK_SECONDS = 0
+
+
+FAKE_NVIDIA_SMI = Path(__file__).resolve().parent / "fakegpu" / "nvidia-smi"
+
+
+def gpu_config(names, utilization=None, behaviour="ok"):
+    """The fake nvidia-smi's configuration: GPUs called `names`, index by index."""
+    import json
+
+    return json.dumps({"behaviour": behaviour, "gpus": [
+        {"name": name, "memory_total": 81920, "memory_used": 2048 + 1024 * i,
+         "utilization": None if utilization is None else utilization[i], "power": 100.0 + 10 * i}
+        for i, name in enumerate(names)]})
+
+
+def install_fake_nvidia_smi(directory, names, **config):
+    """A folder holding the fake nvidia-smi and its GPUs: put it on a PATH, or name its program."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    program = directory / "nvidia-smi"
+    if not program.exists():
+        program.symlink_to(FAKE_NVIDIA_SMI)
+    (directory / "gpus.json").write_text(gpu_config(names, **config))
+    return program
+
+
+@pytest.fixture
+def local_gpus(_local_nvidia_smi):
+    """Give this machine fake GPUs: local_gpus(["NVIDIA A100-SXM4-80GB"] * 4, utilization=[...]).
+    The portal (this process, the worker, uvicorn) sees them at its next look; gone after the test."""
+    path = Path(settings.RINGMASTER_NVIDIA_SMI)
+
+    def give(names, **config):
+        return install_fake_nvidia_smi(path.parent, names, **config)
+    yield give
+    path.unlink(missing_ok=True)
+    (path.parent / "gpus.json").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -178,7 +227,9 @@ class WebServer(Service):
     def up(self):
         try:
             return requests.get(f"{self.url}/login/", timeout=2).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
+            # The socket listens while uvicorn is still importing Django: a request waits in the
+            # backlog and can time out before it is served, which is "not up yet", not a failure.
             return False
 
     def start(self):
@@ -233,8 +284,18 @@ def needs_row_locks():
     from django.db import connection
 
     if connection.vendor != "postgresql":
+        if re.match(r"postgres(ql)?://", os.environ.get("DATABASE_URL", "")):
+            pytest.fail(f"DATABASE_URL names PostgreSQL but the test database is {connection.vendor}: "
+                        "the race tests would not run")
         pytest.skip("race test skipped: it needs PostgreSQL's row locks (SQLite serialises writes, so a "
                     "race there proves nothing); `make test` runs it on PostgreSQL")
+
+
+@pytest.fixture
+def row_locks():
+    """A race test's fixture: skips (saying why) where needs_row_locks() does, and the skip is
+    reported against the test itself."""
+    needs_row_locks()
 
 
 def admit_from_threads(count=8, join_timeout=60):

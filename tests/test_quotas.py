@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from jobs.domain import scheduler, services, states
 from jobs import taskqueue, tasks
 from jobs.models import Job, JobEvent, Quota, Script, State, UserSettings
-from tests.conftest import needs_row_locks, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -70,12 +70,12 @@ def reload(job):
 
 # --- the race ---------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("row_locks")
 def test_fifty_concurrent_submissions_never_admit_past_a_quota_of_8_gpus(make_user, image, settings):
     """50 submissions from parallel threads, each followed by the scheduler's dispatch task, while
     a runner thread ends admitted jobs (and dispatches again). From the recorded admissions and
     ends, in the order the database recorded them, no more than 8 GPUs are ever admitted at once,
     and every job runs once capacity frees."""
-    needs_row_locks()
     settings.RINGMASTER_LOCAL_GPUS = 64                # the quota is the limit here, not the machine
     alice = make_user("alice")
     Quota.objects.create(user=alice, gpus=8)
@@ -481,8 +481,8 @@ def test_daily_usage_cuts_jobs_at_midnight_per_user_group_and_backend(alice, bob
     assert hours == {
         (yesterday, "alice", "vision", "local"): 6.0,
         (today, "alice", "vision", "local"): 2.0,
-        (before, "bob", accounting.NO_GROUP, "local"): 1.0,
-        (yesterday, "bob", accounting.NO_GROUP, "local"): 2.0,
+        (before, "bob", "(no group)", "local"): 1.0,
+        (yesterday, "bob", "(no group)", "local"): 2.0,
     }
     assert accounting.totals(usage, ("group",))[("vision",)] / 3600 == pytest.approx(8.0)
 

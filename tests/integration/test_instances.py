@@ -1,8 +1,10 @@
 """The `instances` backend end to end with real parts: two real OpenSSH servers on 127.0.0.2 and
 127.0.0.3 (generated host and user keys), horovodrun over SSH, a real Celery worker, PostgreSQL,
 jobs submitted over HTTP to uvicorn."""
+import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -14,7 +16,7 @@ from runners import ssh as ssh_runner
 from tests import sshd
 import psutil
 
-from tests.conftest import admit_from_threads, run_to_end, wait_for, wait_worker_idle, job_name
+from tests.conftest import admit_from_threads, job_name, processes_marked, run_to_end, wait_for, wait_worker_idle
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -118,24 +120,40 @@ def test_a_changed_host_key_is_refused(sshds, db):
     assert not Instance.objects.get(pk=instance.pk).healthy
 
 
-def test_a_launch_to_a_host_whose_key_changed_is_refused(http, sshds):
-    """The launch path, not only the health check: the job fails naming both fingerprints, no
-    process of it starts on the host, and the instance gets no more jobs."""
-    from runners.ssh import host_key_fingerprint
+def fingerprint(server):
+    """OpenSSH's own SHA256 fingerprint of a test sshd's host key (ssh-keygen, not the product)."""
+    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", f"{server.host_key}.pub"], check=True,
+                         capture_output=True, text=True).stdout
+    return re.search(r"SHA256:[A-Za-z0-9+/]+", out).group(0)
 
+
+def test_a_launch_to_a_host_whose_key_changed_is_refused(http, sshds):
+    """The launch path, not only the health check: the instance's recorded host key is another
+    host's (the sshd on 127.0.0.3), so its first connection is refused. The job fails naming both
+    fingerprints, nothing of it reaches the host, and the instance is marked unhealthy and gets
+    no more jobs."""
+    this, other = sshds["servers"]
     instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2)
-    other = sshds["servers"][1].host_key_line()
-    Instance.objects.filter(pk=instance.pk).update(host_key=other)
+    Instance.objects.filter(pk=instance.pk).update(host_key=other.host_key_line())
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
 
     job = wait_state(job_id, ENDED, timeout=60)
-    assert job.state == State.FAILED
-    assert "the host key changed" in job.reason and "refusing to connect" in job.reason
-    assert f"expected {host_key_fingerprint(other)}" in job.reason
-    assert job_processes(sshds, job_id) == []
-    assert not (sshds["work_dir"] / job_name(job_id)).exists()             # nothing was put there
+    assert job.state == State.FAILED, job.reason
+    mismatch = f"the host key changed (expected {fingerprint(other)}, got {fingerprint(this)}); refusing to connect"
+    assert mismatch in job.reason
+    assert list(JobEvent.objects.filter(job_id=job_id).exclude(state="").values_list("state", flat=True)) == [
+        State.QUEUED, State.LAUNCHING, State.FAILED]                          # never RUNNING
+    marker = str((sshds["work_dir"] / job_name(job_id)).resolve())
+    assert processes_marked(marker, "RINGMASTER_JOB_DIR") == []               # no process of it on the host
+    assert not (sshds["work_dir"] / job_name(job_id)).exists()               # nothing was put there
     refused = Instance.objects.get(pk=instance.pk)
-    assert not refused.healthy and "host key changed" in refused.health_reason
+    assert not refused.healthy and mismatch in refused.health_reason
+
+    waiting = submit(http, gpus=1, script=upload(http), args=["--lines", "1"])
+    wait_for(lambda: "no healthy enabled instance" in Job.objects.get(pk=waiting).reason, timeout=60,
+             message="the next job to wait for a healthy instance")
+    assert Job.objects.get(pk=waiting).state == State.QUEUED
+    assert not SlotAllocation.objects.filter(job_id=waiting).exists()
 
 
 def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
