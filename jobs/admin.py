@@ -4,6 +4,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.template.response import TemplateResponse
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
 from jobs import backends
 from jobs.backends.admin_forms import ClusterForm, InstanceForm
@@ -185,16 +187,31 @@ def report_checks(model_admin, request, queryset, check, words):
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
     form = InstanceForm
-    list_display = ["name", "host", "port", "user", "gpus", "slots_in_use", "labels", "enabled", "healthy",
-                    "health_reason", "health_checked_at"]
+    list_display = ["name", "host", "port", "user", "gpus", "slots_in_use", "gpus_seen", "labels", "enabled",
+                    "healthy", "health_reason", "health_checked_at"]
     list_filter = ["enabled", "healthy"]
     search_fields = ["name", "host", "labels"]
-    readonly_fields = ["healthy", "health_reason", "health_checked_at", "gpus_detected", "host_key_fingerprint"]
+    readonly_fields = ["healthy", "health_reason", "health_checked_at", "gpus_detected", "gpu_list",
+                       "host_key_fingerprint"]
     actions = ["check_health_now"]
 
     @admin.display(description="slots in use")
     def slots_in_use(self, obj):
         return sum(a.slots for a in obj.allocations.all())
+
+    @admin.display(description="GPUs seen")
+    def gpus_seen(self, obj):
+        return obj.gpus_seen()
+
+    @admin.display(description="GPUs (last health check)")
+    def gpu_list(self, obj):
+        if not obj.gpu_inventory:
+            return obj.gpus_seen()
+        in_use = {index for a in obj.allocations.all() for index in a.gpu_indices}
+        return format_html_join(mark_safe("<br>"), "{}: {}, {} MiB{} <small>{}</small>", (
+            (gpu["index"], gpu.get("name", "?"), gpu.get("memory_mib", "?"),
+             " (in use)" if gpu["index"] in in_use else "", gpu.get("uuid", ""))
+            for gpu in obj.gpu_inventory))
 
     @admin.display(description="host key")
     def host_key_fingerprint(self, obj):

@@ -82,6 +82,8 @@ class Job(models.Model):
     cluster = models.ForeignKey("Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
                                 help_text="Where a kubernetes job runs.")
     time_limit_minutes = models.PositiveIntegerField()
+    gpu_model = models.CharField(max_length=100, blank=True, verbose_name="GPU model",
+                                 help_text="Run only on GPUs whose name contains this (e.g. A100); blank: any.")
 
     # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.
@@ -291,12 +293,25 @@ class Instance(models.Model):
     health_reason = models.CharField(max_length=500, blank=True, default="not checked yet")
     health_checked_at = models.DateTimeField(null=True, blank=True)
     gpus_detected = models.IntegerField(null=True, blank=True, help_text="From nvidia-smi, where present.")
+    gpu_inventory = models.JSONField(default=list, blank=True, editable=False,
+                                     help_text="The GPUs the last health check saw: index, name, memory (MiB), uuid.")
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self):
         return self.name
+
+    def gpus_seen(self):
+        """The GPUs the last health check saw, by model: "2 × NVIDIA A100-SXM4-40GB (40960 MiB)"."""
+        if not self.gpu_inventory:
+            return "none seen" if self.health_checked_at else "not checked yet"
+        models_seen = {}
+        for gpu in self.gpu_inventory:
+            key = (gpu.get("name", "?"), gpu.get("memory_mib"))
+            models_seen[key] = models_seen.get(key, 0) + 1
+        return ", ".join(f"{count} × {name}" + (f" ({memory} MiB)" if memory else "")
+                         for (name, memory), count in models_seen.items())
 
     def set_private_key(self, text):
         from jobs.secrets import encrypt
@@ -310,16 +325,40 @@ class Instance(models.Model):
 
 
 class SlotAllocation(models.Model):
-    """GPU slots a job holds on one instance, from admission until the job ends (any way)."""
+    """GPU slots a job holds on one host, from admission until the job ends (any way): an
+    instance, or this machine (instance null). `gpu_indices` are the nvidia-smi indices the job
+    owns there (its ranks on that host see only these: CUDA_VISIBLE_DEVICES); empty where the
+    host has no GPUs the portal could see (CPU slots)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
-    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="allocations")
+    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.PROTECT, related_name="allocations")
     slots = models.PositiveIntegerField()
     position = models.PositiveSmallIntegerField(help_text="0: the host that runs horovodrun.")
+    gpu_indices = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["job", "position"]
         constraints = [models.UniqueConstraint(fields=["job", "instance"], name="slots_once_per_job_instance")]
+
+
+class SystemSample(models.Model):
+    """What a job's host showed at one moment: one GPU of the job (utilization %, memory MiB,
+    power W, from nvidia-smi), or, on a host without GPUs, the job's processes there (device
+    "cpu": CPU % of one core summed over processes, resident memory MiB)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="system_samples")
+    ts = models.DateTimeField()
+    host = models.CharField(max_length=100)
+    device = models.CharField(max_length=20, help_text='"gpu<index>" or "cpu".')
+    utilization = models.FloatField(null=True, blank=True)
+    memory_used = models.FloatField(null=True, blank=True)
+    memory_total = models.FloatField(null=True, blank=True)
+    power = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "ts", "id"]
+        indexes = [models.Index(fields=["job", "id"], name="system_sample_job")]
 
 
 class Cluster(models.Model):

@@ -192,7 +192,15 @@ USE_TZ = True
 # Largest GPU count one job may ask for.
 RINGMASTER_MAX_GPUS_PER_JOB = int(os.environ.get("RINGMASTER_MAX_GPUS_PER_JOB", "8"))
 # The local runner's capacity. On a machine without GPUs each "GPU" is one CPU process.
-RINGMASTER_LOCAL_GPUS = int(os.environ.get("RINGMASTER_LOCAL_GPUS", "8"))
+# This machine's capacity: the GPUs nvidia-smi shows (each job owns some, by index), else CPU
+# slots. RINGMASTER_LOCAL_GPUS, when set, overrides the count (0: the local backend is off).
+RINGMASTER_LOCAL_GPUS = int(os.environ["RINGMASTER_LOCAL_GPUS"]) if os.environ.get("RINGMASTER_LOCAL_GPUS") else None
+RINGMASTER_LOCAL_CPU_SLOTS = int(os.environ.get("RINGMASTER_LOCAL_CPU_SLOTS", "8"))
+RINGMASTER_NVIDIA_SMI = os.environ.get("RINGMASTER_NVIDIA_SMI", "nvidia-smi")
+# How long a process trusts what nvidia-smi last said about this machine's GPUs.
+RINGMASTER_GPU_CHECK_SECONDS = float(os.environ.get("RINGMASTER_GPU_CHECK_SECONDS", "30"))
+# How often a running job's hosts are sampled (GPU utilization, memory, power; or CPU and memory).
+RINGMASTER_TELEMETRY_SECONDS = float(os.environ.get("RINGMASTER_TELEMETRY_SECONDS", "5"))
 # Default and largest time limit of a job, in minutes.
 RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES", "1440"))
 RINGMASTER_MAX_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_MAX_TIME_LIMIT_MINUTES", "10080"))

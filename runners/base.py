@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from .gpus import binding_env
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -23,6 +25,9 @@ class JobSpec:
     time_limit_seconds: int | None = None
     container_image: str = ""        # the Kubernetes backend's image
     installation: str = ""           # the portal's id: in every name it gives outside its database
+    # The GPU indices the job owns on each of its hosts, in host order (the first runs
+    # horovodrun); () where it owns no GPUs of its own (CPU slots, Kubernetes' device plugin).
+    gpu_binding: tuple[tuple[int, ...], ...] = ()
 
     @property
     def name(self):
@@ -33,10 +38,27 @@ class JobSpec:
         return f"rm-job-{self.job_id}"
 
     def training_command(self):
-        """argv of one rank: python <script> <args>."""
+        """argv of one rank: python <script> <args>; a job bound to GPUs starts it through the
+        bind launcher (job_python/ringmaster_bind.py), which shows each rank its host's GPUs."""
         script = self.script_name if self.script_content is not None else self.script_path
+        if self.bound:
+            return [self.python, "-m", BIND_MODULE, script, *self.args]
         return [self.python, script, *self.args]
 
+    @property
+    def bound(self):
+        return any(self.gpu_binding)
+
+    def binding_env(self, host_names):
+        """{RINGMASTER_GPU_MAP: ...} for hosts named as horovodrun's -H names them (in host
+        order), or {} for a job that owns no GPUs."""
+        if not self.bound:
+            return {}
+        return {GPU_MAP: binding_env(dict(zip(host_names, self.gpu_binding)))}
+
+
+BIND_MODULE = "ringmaster_bind"
+GPU_MAP = "RINGMASTER_GPU_MAP"
 
 # What every launcher wraps horovodrun in: record its exit code atomically (a reader sees no file
 # or the whole code). User words never enter this string: they are positional parameters,
@@ -117,3 +139,8 @@ class Runner(ABC):
     @abstractmethod
     def cancel(self, spec: JobSpec) -> None:
         """Stop every process of the job and return once none is left."""
+
+    def system_probe(self, spec: JobSpec):
+        """Something with sample() -> [runners.telemetry.Sample] and close(), that looks at the
+        job's hosts while it runs; None where this runner cannot (the page says so)."""
+        return None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from . import gpus, telemetry
 from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
 from .base import JOB_MARKER as JOB_ID
 
@@ -35,8 +36,9 @@ WRAPPER = EXIT_CODE_WRAPPER
 class LocalRunner(Runner):
     name = "local"
 
-    def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10):
+    def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi"):
         self.jobs_dir = Path(jobs_dir)
+        self.nvidia_smi = nvidia_smi
         self.poll_interval = poll_interval
         self.start_timeout = start_timeout
         self.kill_grace = kill_grace
@@ -62,6 +64,7 @@ class LocalRunner(Runner):
         env.update(spec.env)
         # ringmaster_metrics first; a PYTHONPATH the user set comes after it.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_PYTHON), spec.env.get("PYTHONPATH")) if p)
+        env.update(spec.binding_env(["localhost"]))
         env[JOB_ID] = str(spec.job_id)
         env[JOB_MARKER] = str(self.job_dir(spec).resolve())
         return env
@@ -158,6 +161,9 @@ class LocalRunner(Runner):
                 continue
         return list(found.values())
 
+    def system_probe(self, spec):
+        return LocalProbe(self, spec)
+
     def _signal_all(self, processes, sig):
         for process in processes:
             try:
@@ -183,3 +189,36 @@ class LocalRunner(Runner):
             self._signal_all(alive, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=1)
         raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")
+
+
+class LocalProbe:
+    """This machine as a job sees it: its GPUs (nvidia-smi, only the job's indices), or the CPU
+    and memory of its processes (psutil) when it owns no GPUs."""
+
+    HOST = "localhost"
+
+    def __init__(self, runner, spec):
+        self.runner, self.spec = runner, spec
+        self.rate = telemetry.CpuRate()
+
+    def sample(self):
+        if self.spec.bound:
+            out = gpus.run_local(gpus.sample_argv(self.spec.gpu_binding[0], self.runner.nvidia_smi))
+            if out is None:
+                raise gpus.GpuQueryError(f"{self.runner.nvidia_smi} is gone")
+            return telemetry.gpu_samples(self.HOST, gpus.parse_samples(out))
+        cpu_seconds, rss = 0.0, 0
+        for process in self.runner._processes(self.spec):
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    cpu_seconds += times.user + times.system
+                    rss += process.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        total = psutil.virtual_memory().total
+        return [telemetry.Sample(self.HOST, "cpu", self.rate.percent(self.HOST, cpu_seconds), rss / 2**20,
+                                 total / 2**20)]
+
+    def close(self):
+        pass

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import paramiko
 
+from . import gpus, telemetry
 from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
@@ -253,11 +254,38 @@ done
 """
 
 
-def check(host, timeout=10.0):
-    """A health check: (host key line, GPUs nvidia-smi shows or None). Raises InstanceError.
+# A telemetry sample of one host. $1 setup line, $2 job dir, then nvidia-smi's argv for a job that
+# owns GPUs there; with no argv, the CPU ticks and resident KiB of the job's processes.
+SAMPLE = r"""
+eval "$1" >/dev/null 2>&1 </dev/null
+cd -- "$2" 2>/dev/null || { echo missing; exit 0; }
+d=$(pwd)
+shift 2
+if [ "$#" -gt 0 ]; then
+    if command -v timeout >/dev/null 2>&1; then set -- timeout 15 "$@"; fi
+    "$@" || exit 94
+    exit 0
+fi
+ticks=0; rss=0
+for p in /proc/[0-9]*; do
+    tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF "RINGMASTER_JOB_DIR=$d" || continue
+    t=$(sed 's/.*) //' "$p/stat" 2>/dev/null | awk '{print $12 + $13}'); ticks=$((ticks + ${t:-0}))
+    r=$(awk '/^VmRSS:/ {print $2}' "$p/status" 2>/dev/null); rss=$((rss + ${r:-0}))
+done
+echo "CPU $ticks $(getconf CLK_TCK) $rss $(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+"""
+NVIDIA_SMI_MARK = "--- nvidia-smi ---"
+NVIDIA_SMI_TIMEOUT = 20
 
-    Reachable, logged in, `horovodrun --check-build` runs (after the setup line), and the GPU
-    count where nvidia-smi exists.
+
+def check(host, timeout=10.0):
+    """A health check: (host key line, [Gpu] nvidia-smi lists, or None without nvidia-smi).
+    Raises InstanceError.
+
+    Reachable, logged in, `horovodrun --check-build` runs (after the setup line), and each GPU
+    (index, name, memory) where nvidia-smi exists. An nvidia-smi that fails, hangs or prints
+    something else than its CSV makes the check fail, quoting it: no job is placed on GPUs the
+    portal could not see.
     """
     client, seen = connect(host, timeout)
     try:
@@ -270,11 +298,21 @@ def check(host, timeout=10.0):
                  '  echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 93\nfi\n' \
                  'horovodrun --check-build 2>&1 || exit 91\n' \
                  'if command -v nvidia-smi >/dev/null 2>&1; then\n' \
-                 '  echo "GPUS $(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c .)"\nfi\n'
-        code, out, err = execute(client, sh(script, host.setup or ":", host.work_dir, str(MIN_FREE_KB)),
+                 '  echo "$4"; shift 4\n' \
+                 '  if command -v timeout >/dev/null 2>&1; then set -- timeout "$NVIDIA_SMI_TIMEOUT" "$@"; fi\n' \
+                 '  "$@" 2>&1; code=$?\n' \
+                 '  [ "$code" = 124 ] && { echo "nvidia-smi did not answer within $NVIDIA_SMI_TIMEOUT s" >&2; exit 94; }\n' \
+                 '  [ "$code" = 0 ] || { echo "nvidia-smi failed (exit code $code)" >&2; exit 94; }\n' \
+                 'fi\n'
+        script = f"NVIDIA_SMI_TIMEOUT={NVIDIA_SMI_TIMEOUT}\n" + script
+        code, out, err = execute(client, sh(script, host.setup or ":", host.work_dir, str(MIN_FREE_KB),
+                                            NVIDIA_SMI_MARK, *gpus.inventory_argv()),
                                  timeout=max(timeout, 90))
     finally:
         client.close()
+    said = out.partition(NVIDIA_SMI_MARK + "\n")[2] if NVIDIA_SMI_MARK in out else ""
+    if code == 94:
+        raise InstanceError(f"{host.where()}: {err.strip()}: {' '.join(said.split())[:300] or 'no output'}")
     if code != 0:
         detail = (err or out).strip().splitlines()[-1:] or [f"exit code {code}"]
         what = {90: "the setup line failed", 92: f"cannot make the work directory {host.work_dir}",
@@ -282,11 +320,12 @@ def check(host, timeout=10.0):
         if "not found" in (err + out) and code == 91:
             what = "horovodrun is not on the PATH of the login shell (or the setup line)"
         raise InstanceError(f"{host.where()}: {what}: {detail[0]}")
-    gpus = None
-    for line in out.splitlines():
-        if line.startswith("GPUS "):
-            gpus = int(line.split()[1])
-    return seen, gpus
+    if NVIDIA_SMI_MARK not in out:
+        return seen, None
+    try:
+        return seen, gpus.parse_inventory(said)
+    except gpus.GpuQueryError as exc:
+        raise InstanceError(f"{host.where()}: {exc}") from None
 
 
 class SSHRunner(Runner):
@@ -317,11 +356,17 @@ class SSHRunner(Runner):
             self.learned_host_keys[host.name] = seen
         return client
 
-    def host_list(self, spec):
+    def host_names(self):
+        """The hosts as horovodrun's -H names them (and HOROVOD_HOSTNAME tells each rank)."""
         if len(self.hosts) == 1:
             # One host: horovodrun starts every rank locally, no SSH between hosts needed.
+            return ["localhost"]
+        return [h.address for h in self.hosts]
+
+    def host_list(self, spec):
+        if len(self.hosts) == 1:
             return f"localhost:{spec.gpus}"
-        return ",".join(f"{h.address}:{h.slots}" for h in self.hosts)
+        return ",".join(f"{name}:{h.slots}" for name, h in zip(self.host_names(), self.hosts))
 
     def command(self, spec):
         extra = []
@@ -338,6 +383,7 @@ class SSHRunner(Runner):
     def environment(self, spec):
         """What the job's processes get on top of the instance's own login environment."""
         env = dict(spec.env)
+        env.update(spec.binding_env(self.host_names()))
         env.update({"PYTHONUNBUFFERED": "1", JOB_MARKER: str(spec.job_id)})
         return env
 
@@ -349,7 +395,7 @@ class SSHRunner(Runner):
             if code != 0:
                 raise InstanceError(f"{host.where()}: cannot make the job directory {directory}: "
                                     f"{(err or out).strip() or f'exit code {code}'}")
-            files = {"ringmaster_metrics.py": (JOB_PYTHON / "ringmaster_metrics.py").read_bytes()}
+            files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_bind.py")}
             if spec.script_content is not None:
                 files[spec.script_name] = spec.script_content.encode()
             for name, content in files.items():
@@ -462,6 +508,9 @@ class SSHRunner(Runner):
                 except Exception:
                     pass
 
+    def system_probe(self, spec):
+        return SSHProbe(self, spec)
+
     def cancel(self, spec):
         """Kill the job's processes on every host (process group, then the marker), in parallel."""
         errors = []
@@ -486,3 +535,50 @@ class SSHRunner(Runner):
             thread.join()
         if errors:
             raise InstanceError("; ".join(errors))
+
+
+class SSHProbe:
+    """The job's hosts, each over an SSH connection of its own that lives as long as the job's
+    follower: its GPUs (nvidia-smi, the job's indices only) or its processes' CPU and memory."""
+
+    def __init__(self, runner, spec):
+        self.runner, self.spec = runner, spec
+        self.clients = {}
+        self.rate = telemetry.CpuRate()
+
+    def _sample_host(self, position, host):
+        client = self.clients.get(host.name)
+        if client is None:
+            client = self.clients[host.name] = self.runner._connect(host)
+        indices = self.spec.gpu_binding[position] if position < len(self.spec.gpu_binding) else ()
+        argv = gpus.sample_argv(indices) if indices else []
+        code, out, err = execute(client, sh(SAMPLE, host.setup or ":", host.job_dir(self.spec), *argv), timeout=30)
+        if code != 0:
+            raise gpus.GpuQueryError(f"{host.where()}: nvidia-smi failed: {(err or out).strip()[:300]}")
+        if indices:
+            return telemetry.gpu_samples(host.name, gpus.parse_samples(out))
+        words = out.split()
+        if len(words) != 5 or words[0] != "CPU":
+            return []
+        ticks, hz, rss_kib, total_kib = (float(w) for w in words[1:])
+        return [telemetry.Sample(host.name, "cpu", self.rate.percent(host.name, ticks / (hz or 100)),
+                                 rss_kib / 1024, total_kib / 1024)]
+
+    def sample(self):
+        samples, errors = [], []
+        for position, host in enumerate(self.runner.hosts):
+            try:
+                samples += self._sample_host(position, host)
+            except (InstanceError, gpus.GpuQueryError, OSError, EOFError, paramiko.SSHException) as exc:
+                errors.append(str(exc))
+                client = self.clients.pop(host.name, None)
+                if client is not None:
+                    client.close()
+        if errors and not samples:
+            raise gpus.GpuQueryError("; ".join(errors))
+        return samples
+
+    def close(self):
+        for client in self.clients.values():
+            client.close()
+        self.clients = {}

@@ -35,10 +35,12 @@ def test_job_list_shows_own_jobs_paginated_and_staff_see_all(client, alice, make
     assert "bobs-job" not in client.get("/?mine=1").content.decode()
 
 
-def test_the_form_submits_an_uploaded_script_with_text_args_and_env(client, alice, image, django_capture_on_commit_callbacks):
+def test_the_form_submits_an_uploaded_script_with_text_args_and_env(client, alice, image, django_capture_on_commit_callbacks,
+                                                                    _local_nvidia_smi):
     client.force_login(alice)
     form = client.get("/jobs/new/").content.decode()
-    assert "each GPU is one process" in form
+    assert ("This machine (horovodrun): no GPU here (nvidia-smi sees none), so each GPU asked for is one "
+            "process on the CPU, 8 at once.") in form
     with django_capture_on_commit_callbacks():
         response = client.post("/jobs/new/", {
             "name": "from the form", "image": image.pk, "gpus": 2, "backend": "local",
@@ -151,3 +153,14 @@ def test_missing_pages_keep_the_portal_around_them(client, alice):
     response = client.get("/jobs/987654/")
     assert response.status_code == 404
     assert "Ringmaster" in response.content.decode() and 'href="/"' in response.content.decode()
+
+
+def test_the_form_says_which_gpus_this_machine_has_and_when_nvidia_smi_fails(client, alice, image, local_gpus):
+    client.force_login(alice)
+    local_gpus(["NVIDIA A100-SXM4-80GB"] * 3 + ["NVIDIA H100 80GB HBM3"])
+    form = client.get("/jobs/new/").content.decode()
+    assert ("This machine (horovodrun): 4 GPUs (NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3); "
+            "each job gets GPUs of its own.") in form
+    local_gpus(["NVIDIA A100-SXM4-80GB"], behaviour="fail")
+    form = client.get("/jobs/new/").content.decode()
+    assert "This machine (horovodrun): nvidia-smi fails here (" in form and "jobs wait until it answers" in form

@@ -14,6 +14,7 @@ portal ask which backend a job has:
 from dataclasses import dataclass
 
 from jobs.models import Image
+from runners.gpus import matches
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class QueuedJob:
     held: bool
     held_by: str | None
     reason: str
+    gpu_model: str = ""
 
 
 class Admission:
@@ -94,6 +96,9 @@ class Backend:
     # How this backend's reasons for a job waiting on capacity begin (Admission.why_waiting and
     # behind): a job's events record a change of what it waits for, not of the numbers.
     capacity_words = ("waiting for capacity", "waiting behind an earlier job for capacity")
+    # Whether a running job's hosts are sampled (runner.system_probe); if not, what the page says.
+    collects_system_metrics = True
+    system_metrics_note = ""
 
     def __str__(self):
         return self.name
@@ -111,8 +116,27 @@ class Backend:
         """The most GPUs one job may ask for here, or None: no limit of the backend's own."""
         return None
 
+    def gpus_note(self):
+        """What the job form says under "GPUs" about this backend ("" for nothing)."""
+        return ""
+
     def image_problem(self, image):
         """Why `image` cannot run on this backend (naming where it can), or None."""
+        return None
+
+    def gpu_models(self):
+        """The GPU models (nvidia-smi names) a job may ask for here, or None: this backend does
+        not choose GPUs by model."""
+        return None
+
+    def gpu_model_problem(self, model):
+        """Why a job cannot ask for GPUs of `model` here (naming the models there are), or None."""
+        models = self.gpu_models()
+        if models is None:
+            return f"The {self.name} backend does not choose GPUs by model; leave the GPU model blank."
+        if not any(matches(name, model) for name in models):
+            return (f"No GPU is a {model} on {self.label}; the models there are: "
+                    f"{', '.join(models) if models else 'no GPU nvidia-smi could see'}.")
         return None
 
     def clean(self, form, data):
@@ -122,6 +146,11 @@ class Backend:
         problem = self.image_problem(image) if image is not None else None
         if problem and "image" not in form.errors:
             form.add_error("image", problem)
+        model = (data.get("gpu_model") or "").strip()
+        if model:
+            problem = self.gpu_model_problem(model)
+            if problem and "gpu_model" not in form.errors:
+                form.add_error("gpu_model", problem)
         if data.get("cluster") is not None:
             form.add_error("cluster", f"The {self.name} backend takes no cluster.")
         limit, gpus = self.largest_job(), data.get("gpus")

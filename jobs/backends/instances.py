@@ -7,6 +7,7 @@ rows, so two admissions can never book the same slots. Slots are released when a
 terminal state, whichever way it got there (release(), called by jobs.domain.states).
 """
 import logging
+from collections import defaultdict
 
 from django.conf import settings
 from django.db.models import Sum
@@ -16,30 +17,45 @@ from runners import ssh
 
 from jobs import taskqueue
 from jobs.backends.base import Admission, Backend, interpreter_problem
+from jobs.backends.placement import HostGpus, models_named
+from runners.gpus import matches
 from jobs.models import Instance, SlotAllocation
 
 log = logging.getLogger(__name__)
 
 
 class Pool:
-    """Free slots of the healthy, enabled instances, locked for this admission pass."""
+    """Free slots (and GPU indices) of the healthy, enabled instances, locked for this
+    admission pass."""
 
     def __init__(self):
         rows = list(Instance.objects.select_for_update().filter(enabled=True, healthy=True).order_by("name", "id"))
-        used = dict(SlotAllocation.objects.filter(instance__in=rows).values("instance")
-                    .annotate(n=Sum("slots")).values_list("instance", "n"))
+        used_slots, used_indices = defaultdict(int), defaultdict(list)
+        for instance_id, slots, indices in (SlotAllocation.objects.filter(instance__in=rows)
+                                            .values_list("instance", "slots", "gpu_indices")):
+            used_slots[instance_id] += slots
+            used_indices[instance_id] += indices or []
         self.instances = {i.pk: i for i in rows}
-        self.free = {i.pk: max(i.gpus - used.get(i.pk, 0), 0) for i in rows}
+        self.hosts = {i.pk: HostGpus(i.gpu_inventory, i.gpus, used_indices[i.pk], used_slots[i.pk]) for i in rows}
+        self.indices = {}
 
     def capacity(self):
-        return sum(i.gpus for i in self.instances.values())
+        return sum(host.slots for host in self.hosts.values())
 
-    def place(self, gpus):
+    def models(self):
+        return sorted({name for host in self.hosts.values() for name in host.models()})
+
+    def place(self, gpus, model=""):
         """[(instance, slots)] on as few instances as possible (the first runs horovodrun), or
         None with the reason the job waits."""
-        free = {pk: n for pk, n in self.free.items() if n > 0}
+        what = f"{gpus} {model} GPUs" if model else f"{gpus} GPUs"
         if not self.instances:
-            return None, f"waiting for instances: needs {gpus} GPUs, no healthy enabled instance"
+            return None, f"waiting for instances: needs {what}, no healthy enabled instance" + _unhealthy()
+        if model and not any(host.free(model) or any(matches(g["name"], model) for g in host.gpus)
+                             for host in self.hosts.values()):
+            return None, (f"waiting for instances: needs {what}, no healthy instance has {model} GPUs "
+                          f"(models: {models_named(self.models())})" + _unhealthy())
+        free = {pk: n for pk, host in self.hosts.items() if (n := host.free(model)) > 0}
         fits = [pk for pk, n in free.items() if n >= gpus]
         if fits:
             # Best fit: the instance with the fewest free slots that still holds the whole job.
@@ -48,8 +64,8 @@ class Pool:
         total = sum(free.values())
         largest = max(free.values(), default=0)
         if total < gpus:
-            return None, (f"waiting for instances: needs {gpus} GPUs, largest free block {largest} "
-                          f"({total} free on {len(free)} of {len(self.instances)} healthy instances)")
+            return None, (f"waiting for instances: needs {what}, largest free block {largest} "
+                          f"({total} free on {len(free)} of {len(self.instances)} healthy instances)" + _unhealthy())
         placement, left = [], gpus
         for pk in sorted(free, key=lambda pk: (-free[pk], self.instances[pk].name)):
             take = min(free[pk], left)
@@ -59,13 +75,20 @@ class Pool:
                 break
         return placement, None
 
-    def allocate(self, job_id, placement):
+    def allocate(self, job_id, placement, model=""):
         SlotAllocation.objects.bulk_create([
-            SlotAllocation(job_id=job_id, instance=instance, slots=slots, position=position)
+            SlotAllocation(job_id=job_id, instance=instance, slots=slots, position=position,
+                           gpu_indices=self.hosts[instance.pk].take(slots, model))
             for position, (instance, slots) in enumerate(placement)
         ])
-        for instance, slots in placement:
-            self.free[instance.pk] -= slots
+
+
+def _unhealthy():
+    """The enabled instances that get no jobs, and why (a reason that hides them misleads)."""
+    down = list(Instance.objects.filter(enabled=True, healthy=False).order_by("name").values_list("name", "health_reason")[:5])
+    if not down:
+        return ""
+    return "; not healthy: " + "; ".join(f"{name} ({reason})" for name, reason in down)
 
 
 def host_of(instance, slots=0):
@@ -83,12 +106,14 @@ def remember_host_keys(runner):
         Instance.objects.filter(name=name, host_key="").update(host_key=key)
 
 
-def set_health(instance, healthy, reason, gpus_detected=None):
+def set_health(instance, healthy, reason, gpus=None):
+    """Record a check. `gpus`: the [Gpu] nvidia-smi listed, or None where it is absent."""
     was = instance.healthy
-    Instance.objects.filter(pk=instance.pk).update(
-        healthy=healthy, health_reason=reason[:500], health_checked_at=timezone.now(),
-        gpus_detected=gpus_detected,
-    )
+    inventory = [gpu.as_dict() for gpu in gpus] if gpus else []
+    fields = {"healthy": healthy, "health_reason": reason[:500], "health_checked_at": timezone.now()}
+    if healthy or gpus is not None:
+        fields.update(gpus_detected=None if gpus is None else len(gpus), gpu_inventory=inventory)
+    Instance.objects.filter(pk=instance.pk).update(**fields)
     instance.healthy, instance.health_reason = healthy, reason[:500]
     if healthy and not was:
         taskqueue.wake_scheduler()
@@ -109,11 +134,15 @@ def check(instance):
     if not instance.host_key:
         Instance.objects.filter(pk=instance.pk, host_key="").update(host_key=seen)
         instance.host_key = seen
-    if gpus is not None and gpus < instance.gpus:
-        reason = f"nvidia-smi shows {gpus} GPUs, the instance is set to offer {instance.gpus}"
+    if gpus is not None and len(gpus) < instance.gpus:
+        reason = f"nvidia-smi shows {len(gpus)} GPUs, the instance is set to offer {instance.gpus}"
         set_health(instance, False, reason, gpus)
         return False, reason
-    reason = "ok" + (f": {gpus} GPUs seen by nvidia-smi" if gpus is not None else ": no nvidia-smi (CPU slots)")
+    if gpus is None:
+        reason = "ok: no nvidia-smi (CPU slots)"
+    else:
+        names = ", ".join(sorted({gpu.name for gpu in gpus}))
+        reason = f"ok: {len(gpus)} GPUs seen by nvidia-smi ({names})"
     set_health(instance, True, reason, gpus)
     return True, reason
 
@@ -134,10 +163,13 @@ class InstancesAdmission(Admission):
         super().__init__(backend, book)
         self.pool, self.plans = None, {}
 
+    def capacity_key(self, job):
+        return ("capacity", self.backend.name, job.gpu_model.lower())
+
     def why_waiting(self, job):
         if self.pool is None:
             self.pool = Pool()
-        placement, reason = self.pool.place(job.gpus)
+        placement, reason = self.pool.place(job.gpus, job.gpu_model)
         if placement is not None:
             self.plans[job.pk] = placement
         return reason
@@ -146,7 +178,7 @@ class InstancesAdmission(Admission):
         return "admitted: " + ", ".join(f"{i.name}:{n}" for i, n in self.plans[job.pk])
 
     def charge(self, job):
-        self.pool.allocate(job.pk, self.plans.pop(job.pk))
+        self.pool.allocate(job.pk, self.plans.pop(job.pk), job.gpu_model)
 
 
 class InstancesBackend(Backend):
@@ -161,6 +193,12 @@ class InstancesBackend(Backend):
 
     def image_problem(self, image):
         return interpreter_problem(image, "a GPU instance")
+
+    def gpu_models(self):
+        names = set()
+        for inventory in Instance.objects.filter(enabled=True).values_list("gpu_inventory", flat=True):
+            names.update(gpu["name"] for gpu in inventory or [])
+        return sorted(names)
 
     def release(self, job_id):
         SlotAllocation.objects.filter(job_id=job_id).delete()

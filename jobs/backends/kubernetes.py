@@ -57,6 +57,9 @@ class KubernetesBackend(Backend):
     # an idempotent create: reconcile re-attaches to it rather than failing it.
     launch_times_out = False
     admission_class = ClusterAdmission
+    collects_system_metrics = False
+    system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
+                           "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
 
     def offered(self):
         return _enabled_clusters().exists()

@@ -1,25 +1,148 @@
-"""The embedded default: horovodrun on the portal's own machine (runners.local)."""
-from django.conf import settings
+"""The embedded default: horovodrun on the portal's own machine (runners.local).
 
-from jobs.backends.base import Backend, interpreter_problem
+Its capacity is the GPUs nvidia-smi shows here, when there are any: each job owns some of them
+(SlotAllocation rows with no instance, holding the indices), and its ranks see only those.
+Without nvidia-smi it runs CPU processes, RINGMASTER_LOCAL_CPU_SLOTS of them at once.
+RINGMASTER_LOCAL_GPUS, when set, overrides the count (0 turns the backend off); with GPUs
+present it can only lower it: a job never gets a GPU the portal could not see.
+"""
+import threading
+import time
+
+from django.conf import settings
+from django.db.models import Sum
+
+from jobs.backends.base import Admission, Backend, interpreter_problem
+from jobs.backends.placement import HostGpus, models_named
+from jobs.models import SlotAllocation
+from runners import gpus
 from runners.local import LocalRunner
+
+_cache, _cache_lock = {}, threading.Lock()
+
+
+class MachineGpus:
+    """What nvidia-smi shows on this machine: `gpus` ([Gpu], [] without nvidia-smi) or `error`."""
+
+    def __init__(self, gpus_seen, error=""):
+        self.gpus, self.error = gpus_seen, error
+
+    @property
+    def inventory(self):
+        return [gpu.as_dict() for gpu in self.gpus]
+
+
+def machine_gpus(refresh=False):
+    """This machine's GPUs, read at most every RINGMASTER_GPU_CHECK_SECONDS per process
+    (admission asks often)."""
+    command = settings.RINGMASTER_NVIDIA_SMI
+    with _cache_lock:
+        seen = _cache.get(command)
+        if seen and not refresh and time.monotonic() - seen[0] < settings.RINGMASTER_GPU_CHECK_SECONDS:
+            return seen[1]
+    try:
+        out = gpus.run_local(gpus.inventory_argv(command))
+        result = MachineGpus(gpus.parse_inventory(out) if out is not None else [])
+    except gpus.GpuQueryError as exc:
+        result = MachineGpus([], str(exc))
+    with _cache_lock:
+        _cache[command] = (time.monotonic(), result)
+    return result
+
+
+def slots():
+    """(processes this machine runs at once, whether they are GPUs)."""
+    seen = machine_gpus()
+    override = settings.RINGMASTER_LOCAL_GPUS
+    if seen.error:
+        return 0, True
+    if seen.gpus:
+        return (len(seen.gpus) if override is None else min(override, len(seen.gpus))), True
+    return (settings.RINGMASTER_LOCAL_CPU_SLOTS if override is None else override), False
+
+
+class LocalAdmission(Admission):
+    """The machine's GPUs, by index (lowest free first); CPU slots are counted as before."""
+
+    def __init__(self, backend, book):
+        super().__init__(backend, book)
+        self.host, self.plans = None, {}
+
+    def capacity_key(self, job):
+        return ("capacity", self.backend.name, job.gpu_model.lower())
+
+    def _host(self):
+        if self.host is None:
+            count, _ = slots()
+            used = SlotAllocation.objects.filter(instance__isnull=True)
+            indices = [i for row in used.values_list("gpu_indices", flat=True) for i in row or []]
+            used_slots = used.aggregate(n=Sum("slots"))["n"] or 0
+            self.host = HostGpus(machine_gpus().inventory, count, indices, used_slots)
+        return self.host
+
+    def why_waiting(self, job):
+        seen = machine_gpus()
+        if seen.error:
+            return f"waiting for this machine's GPUs: {seen.error}"
+        host = self._host()
+        if not host.bound:
+            return super().why_waiting(job)
+        free = host.free(job.gpu_model)
+        if free >= job.gpus:
+            return None
+        what = f"{job.gpus} {job.gpu_model} GPUs" if job.gpu_model else f"{job.gpus} GPUs"
+        return (f"waiting for capacity: {host.slots - host.free_slots} of {host.slots} GPUs of this machine in "
+                f"use, this job needs {what} ({free} free)")
+
+    def admitted_message(self, job):
+        host = self._host()
+        if not host.bound:
+            return "admitted"
+        self.plans[job.pk] = host.take(job.gpus, job.gpu_model)
+        return "admitted: GPUs " + ",".join(str(i) for i in self.plans[job.pk])
+
+    def charge(self, job):
+        if job.pk in self.plans:
+            SlotAllocation.objects.create(job_id=job.pk, instance=None, slots=job.gpus, position=0,
+                                          gpu_indices=self.plans.pop(job.pk))
 
 
 class LocalBackend(Backend):
     name = "local"
     label = "This machine (horovodrun)"
+    admission_class = LocalAdmission
+    capacity_words = Backend.capacity_words + ("waiting for this machine's GPUs",)
 
     def capacity(self):
-        return settings.RINGMASTER_LOCAL_GPUS
+        return slots()[0]
+
+    def gpus_note(self):
+        seen = machine_gpus()
+        count, bound = slots()
+        if seen.error:
+            return f"{self.label}: nvidia-smi fails here ({seen.error}); jobs wait until it answers."
+        if bound:
+            models = ", ".join(sorted({gpu.name for gpu in seen.gpus}))
+            return f"{self.label}: {count} GPUs ({models}); each job gets GPUs of its own."
+        return (f"{self.label}: no GPU here (nvidia-smi sees none), so each GPU asked for is one process "
+                f"on the CPU, {count} at once.")
 
     def largest_job(self):
-        return settings.RINGMASTER_LOCAL_GPUS
+        """None while nvidia-smi fails here: jobs wait, saying why, instead of being refused."""
+        return None if machine_gpus().error else slots()[0]
 
     def too_large(self, limit):
-        return f"This machine runs at most {limit} processes per job."
+        count, are_gpus = slots()
+        return f"This machine runs at most {limit} {'GPUs' if are_gpus else 'processes'} per job."
+
+    def gpu_models(self):
+        return sorted({gpu.name for gpu in machine_gpus().gpus})
 
     def image_problem(self, image):
         return interpreter_problem(image, "this machine")
 
+    def release(self, job_id):
+        SlotAllocation.objects.filter(job_id=job_id).delete()
+
     def runner(self, job):
-        return LocalRunner(settings.RINGMASTER_JOBS_DIR)
+        return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI)

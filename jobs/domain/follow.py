@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import states
+from jobs.domain import states, telemetry
 from jobs.domain.logstore import append_output, last_lines
 from jobs.models import ACTIVE_STATES, Job, State
 from runners.base import Exited, Output, Running, Status
@@ -123,6 +123,14 @@ def _follow(job_id, me, runner, spec):
     job = Job.objects.get(pk=job_id)
     splitter = OutputSplitter(state=job.output_state or None)
     offset = job.output_offset
+    with telemetry.Sampler(job_id, runner.system_probe(spec)):
+        lost = _follow_events(job_id, me, runner, spec, job, splitter, offset)
+    if lost:
+        log.warning("job %s: another follower took over; this one stops", job_id)
+
+
+def _follow_events(job_id, me, runner, spec, job, splitter, offset):
+    """Store the runner's events until the job ends (False) or another follower took it (True)."""
     lost = False
     next_check = 0.0
     stop_reason = None
@@ -151,7 +159,7 @@ def _follow(job_id, me, runner, spec):
                 # ranks): the job ends only once every one of its processes has.
                 runner.cancel(spec)
             finish(job_id, event, stop_reason)
-            return
+            return False
         now = time.monotonic()
         if now >= next_check:
             next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
@@ -167,8 +175,7 @@ def _follow(job_id, me, runner, spec):
             ):
                 stop_reason = f"time limit of {job.time_limit_minutes} minutes exceeded"
                 runner.cancel(spec)
-    if lost:
-        log.warning("job %s: another follower took over; this one stops", job_id)
+    return lost
 
 
 def finish(job_id, exited, stop_reason=None):

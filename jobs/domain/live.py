@@ -62,6 +62,12 @@ def publish_state(job):
     _send(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason})
 
 
+def publish_system(job_id, samples, hint):
+    """New system samples of a job (jobs.domain.telemetry), as JSON-ready dicts."""
+    samples = [{**sample, "ts": sample["ts"].isoformat()} for sample in samples]
+    _send(job_id, {"type": "job.system", "samples": samples, "hint": hint})
+
+
 def publish_lines(job_id, last_seq):
     _send(job_id, {"type": "job.lines", "last_seq": last_seq})
 

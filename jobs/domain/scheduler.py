@@ -14,7 +14,7 @@ from django.utils import timezone
 from jobs import backends, taskqueue
 from jobs.backends.base import QueuedJob
 from jobs.domain import follow, quotas, states
-from jobs.models import Job, SchedulerLock, State
+from jobs.models import TERMINAL_STATES, Job, SchedulerLock, State
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ def admit():
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
                  .order_by("-priority", "created_at", "id")
                  .values_list("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name",
-                              "backend", "cluster_id", "gpus", "held", "held_by__username", "reason"))
+                              "backend", "cluster_id", "gpus", "held", "held_by__username", "reason",
+                              "gpu_model"))
         for row in queue:
             job = QueuedJob(*row)
             if job.held:
@@ -192,5 +193,19 @@ def reconcile():
         if follow.hand_over(job):
             taskqueue.run_job(job.pk)
             reattached.append(job.pk)
+    release_leftovers()
     admit()
     return reattached
+
+
+def release_leftovers():
+    """Free what ended jobs still hold (GPU slots and indices on this machine or an instance),
+    whatever left it behind. Returns the ids of those jobs."""
+    ended = list(Job.objects.filter(state__in=TERMINAL_STATES, allocations__isnull=False).distinct())
+    for job in ended:
+        log.warning("job %s ended but still held GPU slots: released", job.pk)
+        try:
+            backends.of(job).release(job.pk)
+        except backends.UnknownBackend:
+            job.allocations.all().delete()
+    return [job.pk for job in ended]

@@ -41,6 +41,8 @@ def resubmit_data(job):
         "name": job.name, "image": job.image_id, "gpus": job.gpus, "args": job.args, "env": job.env,
         "backend": job.backend, "time_limit_minutes": job.time_limit_minutes,
     }
+    if job.gpu_model:
+        data["gpu_model"] = job.gpu_model
     if job.charged_group_id:
         data["group"] = job.charged_group.name
     data.update(backends.of(job).resubmit_fields(job))

@@ -7,7 +7,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.domain import logquery, quotas, scheduler, services
+from jobs.domain import logquery, quotas, scheduler, services, telemetry
 from jobs.domain.services import visible_jobs
 from jobs.web.forms import JobForm, ScriptUploadForm, visible_scripts
 from jobs.models import Image, MetricPoint, State
@@ -143,7 +143,7 @@ class JobMetrics(APIView):
                 {"rank": rank_label(point.rank), "step": point.step, "value": point.value, "ts": point.ts,
                  "seq": point.seq}
             )
-        return Response({"series": series})
+        return Response({"series": series, "system": telemetry.summary(job)})
 
 
 class QuotaView(APIView):

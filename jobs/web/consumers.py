@@ -16,7 +16,8 @@ from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
 from jobs.domain.live import group_name
-from jobs.models import Job, LogLine, MetricPoint
+from jobs.domain import telemetry
+from jobs.models import Job, LogLine, MetricPoint, SystemSample
 from jobs.web.serializers import LogLineSerializer, rank_label
 from jobs.domain.services import visible_jobs
 
@@ -90,6 +91,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.last_state = None
+        self.last_sample = await self._last_sample()
         await self._send_state()
         await self._send_new()
         self.poller = None
@@ -128,12 +130,18 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def job_state(self, event):
         await self._send_state(event["state"], event["reason"])
 
+    async def job_system(self, event):
+        """New system samples (GPU utilization, memory, power; or CPU and memory) of the job."""
+        self.last_sample = max([self.last_sample, *(sample["id"] for sample in event["samples"])])
+        await self.send_json({"type": "system", "samples": event["samples"], "hint": event["hint"]})
+
     # --- helpers ----------------------------------------------------------------------------
     async def _poll(self):
         while True:
             await asyncio.sleep(POLL_SECONDS)
             await self._send_new()
             await self._send_state()
+            await self._send_samples()
 
     async def _send_new(self):
         while True:
@@ -153,6 +161,22 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if (state, reason) != self.last_state:
             self.last_state = (state, reason)
             await self.send_json({"type": "state", "state": state, "reason": reason})
+
+    async def _send_samples(self):
+        """Without Redis no push reaches this process: new samples are read from the database."""
+        samples, hint = await self._samples_after(self.last_sample)
+        if samples:
+            self.last_sample = samples[-1]["id"]
+            await self.send_json({"type": "system", "samples": samples, "hint": hint})
+
+    @database_sync_to_async
+    def _last_sample(self):
+        return SystemSample.objects.filter(job_id=self.job_id).order_by("-id").values_list("id", flat=True).first() or 0
+
+    @database_sync_to_async
+    def _samples_after(self, after):
+        rows = list(SystemSample.objects.filter(job_id=self.job_id, id__gt=after).order_by("id")[:BATCH])
+        return [telemetry.as_dict(row) for row in rows], (telemetry.idle_hint(self.job_id) if rows else "")
 
     @database_sync_to_async
     def _may_see(self, user):

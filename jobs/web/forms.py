@@ -152,6 +152,8 @@ class JobForm(forms.Form):
     cluster = forms.CharField(max_length=100, required=False,
                               help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")
     time_limit_minutes = forms.IntegerField(required=False, min_value=1)
+    gpu_model = forms.CharField(max_length=100, required=False, label="GPU model",
+                                help_text="Only GPUs whose name contains this, e.g. A100; empty: any.")
     group = forms.CharField(max_length=150, required=False,
                             help_text="The group (team) this job is charged to; empty: your default group.")
     priority = forms.IntegerField(required=False, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
@@ -205,6 +207,11 @@ class JobForm(forms.Form):
         value = (self.cleaned_data["cluster"] or "").strip()
         _no_nul(value, "The cluster")
         return value or None
+
+    def clean_gpu_model(self):
+        value = (self.cleaned_data["gpu_model"] or "").strip()
+        _no_nul(value, "The GPU model")
+        return value
 
     def clean_group(self):
         """A group the user belongs to, by name; none given: the user's default group."""
@@ -268,6 +275,7 @@ class JobForm(forms.Form):
             "backend": data["backend"].name,
             **data["backend"].job_fields(data),
             "time_limit_minutes": data["time_limit_minutes"],
+            "gpu_model": data.get("gpu_model") or "",
             "charged_group": data.get("group"),      # absent on the page of a user in no group
             "priority": data.get("priority") or 0,   # absent on a non-staff user's page
         }
@@ -316,7 +324,7 @@ class JobPageForm(JobForm):
     backend = forms.ChoiceField(required=False)
 
     field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend",
-                   "cluster", "time_limit_minutes", "group", "priority"]
+                   "cluster", "gpu_model", "time_limit_minutes", "group", "priority"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -332,9 +340,7 @@ class JobPageForm(JobForm):
         self.fields["backend"].choices = [(backend.name, backend.label) for backend in offered]
         self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
         self._choose_fitting_image(offered)
-        self.fields["gpus"].help_text = (
-            "On this machine each GPU is one process; on a machine without GPUs they run on the CPU."
-        )
+        self.fields["gpus"].help_text = " ".join(note for note in (b.gpus_note() for b in offered) if note)
         self.fields["gpus"].initial = 2
         self.fields["script_path"].help_text = "Or a path to a script inside the image."
         groups = quotas.groups_of(self.user)

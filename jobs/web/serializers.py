@@ -37,7 +37,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "name", "owner", "image", "gpus", "script", "script_name", "script_path", "args", "env",
-            "backend", "cluster", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "url",
         ]
@@ -88,6 +88,8 @@ class JobCreateRequest(serializers.Serializer):
     backend = serializers.CharField(required=False, help_text="An enabled backend (settings.RINGMASTER_BACKENDS; "
                                                                "by default local, instances, kubernetes).")
     cluster = serializers.CharField(required=False, help_text="Kubernetes backend: the cluster's name (default: the only one).")
+    gpu_model = serializers.CharField(required=False, help_text="Only GPUs whose nvidia-smi name contains this "
+                                                                "(e.g. A100); local and instances backends.")
     name = serializers.CharField(required=False)
     time_limit_minutes = serializers.IntegerField(required=False, min_value=1)
     group = serializers.CharField(required=False, help_text="Group to charge (one of yours); default: your default group.")

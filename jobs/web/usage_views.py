@@ -10,7 +10,7 @@ from django.shortcuts import render
 from jobs.domain import accounting, quotas, scheduler
 from jobs import backends
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import ACTIVE_STATES, Cluster, Job, State
+from jobs.models import ACTIVE_STATES, Cluster, Instance, Job, State
 
 MAX_DAYS = 366
 QUEUE_ON_PAGE = 200
@@ -67,6 +67,17 @@ def _cluster_rows():
         queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
 
 
+def _instance_rows():
+    """Per registered instance: health, the GPUs it offers and the ones its last check saw, and
+    which of them jobs hold now."""
+    rows = []
+    for instance in Instance.objects.prefetch_related("allocations"):
+        held = sorted({index for a in instance.allocations.all() for index in a.gpu_indices})
+        rows.append({"instance": instance, "in_use": sum(a.slots for a in instance.allocations.all()),
+                     "held": held, "gpus": instance.gpu_inventory})
+    return rows
+
+
 @login_required
 def cluster(request):
     """Staff: capacity and use per backend, quotas and their use, the queue with its reasons,
@@ -102,6 +113,7 @@ def cluster(request):
     return render(request, "jobs/cluster.html", {
         "backends": rows,
         "clusters": clusters,
+        "instances": _instance_rows(),
         "site_default": quotas.describe_limits(book.site),
         "quota_rows": [(scope, limits, quotas.describe(limits, use)) for scope, limits, use in quota_rows],
         "queue": queue,

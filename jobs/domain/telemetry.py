@@ -1,0 +1,114 @@
+"""System metrics of running jobs: sampled by the follower, stored, pushed, summarised.
+
+While a follower follows a job, a Sampler thread asks the runner's probe (its hosts' GPUs, or
+its processes' CPU and memory) every RINGMASTER_TELEMETRY_SECONDS, stores the samples
+(SystemSample) and then tells live viewers. Trouble sampling never touches the job.
+"""
+import logging
+import threading
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.db.models import Avg
+from django.utils import timezone
+
+from jobs import backends
+from jobs.domain import live
+from jobs.models import SystemSample
+
+log = logging.getLogger(__name__)
+IDLE_WINDOW = timedelta(minutes=10)
+IDLE_BELOW_PERCENT = 30
+IDLE_MIN_SAMPLES = 6
+
+
+def as_dict(sample):
+    return {"id": sample.id, "ts": sample.ts, "host": sample.host, "device": sample.device, "utilization": sample.utilization,
+            "memory_used": sample.memory_used, "memory_total": sample.memory_total, "power": sample.power}
+
+
+def store(job_id, samples, now=None):
+    """Store what one probe saw (runners.telemetry.Sample), all at the same time."""
+    now = now or timezone.now()
+    rows = SystemSample.objects.bulk_create([
+        SystemSample(job_id=job_id, ts=now, **sample.as_dict()) for sample in samples])
+    return rows
+
+
+def idle_hint(job_id, now=None):
+    """A sentence for a job whose GPUs sit mostly idle over the last ten minutes, or ""."""
+    now = now or timezone.now()
+    recent = SystemSample.objects.filter(job_id=job_id, device__startswith="gpu", ts__gte=now - IDLE_WINDOW,
+                                         utilization__isnull=False)
+    if recent.count() < IDLE_MIN_SAMPLES:
+        return ""
+    mean = recent.aggregate(mean=Avg("utilization"))["mean"]
+    first = recent.order_by("ts").values_list("ts", flat=True).first()
+    minutes = max(1, round((now - first).total_seconds() / 60))
+    if mean >= IDLE_BELOW_PERCENT:
+        return ""
+    return (f"GPU utilization {mean:.0f}% over the last {minutes} minute{'s' if minutes != 1 else ''}: "
+            f"is the input pipeline the bottleneck?")
+
+
+def summary(job):
+    """The system group of the metrics API: whether it is collected here, the samples, a hint."""
+    try:
+        backend = backends.of(job)
+    except backends.UnknownBackend:
+        return {"collected": False, "note": "", "hint": "", "samples": []}
+    collected = backend.collects_system_metrics
+    return {
+        "collected": collected,
+        "note": "" if collected else backend.system_metrics_note,
+        "hint": idle_hint(job.pk) if collected else "",
+        "samples": [as_dict(s) for s in SystemSample.objects.filter(job=job).order_by("ts", "id")] if collected else [],
+    }
+
+
+class Sampler:
+    """Samples a job's hosts in a thread of the follower, until stopped."""
+
+    def __init__(self, job_id, probe, interval=None):
+        self.job_id, self.probe = job_id, probe
+        self.interval = settings.RINGMASTER_TELEMETRY_SECONDS if interval is None else interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"telemetry-{job_id}", daemon=True)
+        self.failures = 0
+
+    def __enter__(self):
+        if self.probe is not None and self.interval > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+        return False
+
+    def _run(self):
+        try:
+            while not self.stopped.wait(self.interval):
+                self.sample_once()
+        finally:
+            try:
+                self.probe.close()
+            finally:
+                connection.close()
+
+    def sample_once(self):
+        close_old_connections()
+        try:
+            samples = self.probe.sample()
+        except Exception as exc:  # a host that does not answer now may answer next time
+            self.failures += 1
+            if self.failures in (1, 10) or self.failures % 100 == 0:
+                log.warning("job %s: system sample failed (%d times): %s", self.job_id, self.failures, exc)
+            return []
+        if not samples or self.stopped.is_set():
+            return []
+        rows = store(self.job_id, samples)
+        live.publish_system(self.job_id, [as_dict(row) for row in rows], idle_hint(self.job_id))
+        return rows
