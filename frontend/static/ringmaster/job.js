@@ -1,5 +1,5 @@
-// The job page, live: the log view (rank filter, search, follow, paging), training curves and
-// the state badge. The stored log is the source of truth: the page loads the tail of the log
+// The job page, live: the log view (rank filter, search, follow, paging), training curves,
+// system charts and the state badge. The stored log is the source of truth: the page loads the tail of the log
 // over the API, then follows the websocket from the last seq it holds (/ws/jobs/<id>/?since=),
 // and reconnects from there after any drop, so no line is lost or shown twice.
 (function () {
@@ -274,7 +274,98 @@
     }
   }
 
+  // ---------------------------------------------------------------------------------------
+  // System: what the job's hosts report while it runs (GPU utilization, memory and power per
+  // GPU; CPU and memory of its processes on hosts without GPUs), one chart per quantity, one
+  // series per host and device. Samples come from the API and then the websocket, deduplicated
+  // by id, so their order and overlap do not matter.
+  const systemCard = $("system-card"), systemBox = $("system-charts");
+  const systemHint = $("system-hint"), systemNote = $("system-note");
+  const QUANTITIES = [
+    {key: "utilization", title: "Utilization (%)"},
+    {key: "memory_used", title: "Memory used (MiB)"},
+    {key: "power", title: "Power (W)"},
+  ];
+  const seenSamples = new Set();
+  const systemSeries = new Map();   // "host device" -> Map(ts seconds -> sample)
+  const systemCharts = new Map();   // quantity key -> {box, plot, keys}
+  let systemQueued = false;
+
+  function showSystemHint(hint) {
+    systemHint.textContent = hint || "";
+    systemHint.hidden = !hint;
+  }
+
+  function addSamples(samples, hint) {
+    let added = 0;
+    for (const sample of samples) {
+      if (seenSamples.has(sample.id)) continue;
+      seenSamples.add(sample.id);
+      const key = `${sample.host} ${sample.device}`;
+      if (!systemSeries.has(key)) systemSeries.set(key, new Map());
+      systemSeries.get(key).set(Date.parse(sample.ts) / 1000, sample);
+      added += 1;
+    }
+    if (hint !== undefined) showSystemHint(hint);
+    if (added) {
+      systemCard.hidden = false;
+      if (!systemQueued) {
+        systemQueued = true;
+        setTimeout(() => { systemQueued = false; drawSystem(); }, 250);
+      }
+    }
+  }
+
+  function drawSystem() {
+    const keys = [...systemSeries.keys()].sort();
+    const times = [...new Set(keys.flatMap((key) => [...systemSeries.get(key).keys()]))].sort((a, b) => a - b);
+    for (const quantity of QUANTITIES) {
+      const shown = keys.filter((key) => [...systemSeries.get(key).values()].some((s) => s[quantity.key] !== null));
+      if (!shown.length) continue;
+      let chart = systemCharts.get(quantity.key);
+      if (!chart) {
+        const box = document.createElement("div");
+        box.className = "chart";
+        box.dataset.quantity = quantity.key;
+        systemBox.appendChild(box);
+        chart = {box, plot: null, keys: ""};
+        systemCharts.set(quantity.key, chart);
+      }
+      const data = [times, ...shown.map((key) => {
+        const series = systemSeries.get(key);
+        return times.map((t) => (series.has(t) ? series.get(t)[quantity.key] : null));
+      })];
+      chart.box.dataset.points = shown.reduce((n, key) => n + systemSeries.get(key).size, 0);
+      const joined = shown.join(",");
+      if (chart.plot && joined === chart.keys) {
+        chart.plot.setData(data);
+        continue;
+      }
+      if (chart.plot) chart.plot.destroy();
+      chart.keys = joined;
+      chart.plot = new uPlot({
+        title: quantity.title,
+        width: Math.max(280, chart.box.clientWidth || 520),
+        height: 200,
+        series: [{label: "time"}, ...shown.map((key, i) => ({
+          label: key, stroke: COLORS[i % COLORS.length], spanGaps: true, points: {show: times.length < 60},
+        }))],
+      }, data, chart.box);
+    }
+  }
+
+  function loadSystem(system) {
+    if (!system) return;
+    if (!system.collected && system.note) {
+      systemNote.textContent = system.note;
+      systemNote.hidden = false;
+      systemCard.hidden = false;
+    }
+    addSamples(system.samples || [], system.hint);
+  }
+
   api("metrics/").then((data) => {
+    loadSystem(data.system);
     let upto = -1;
     for (const [name, points] of Object.entries(data.series)) {
       for (const point of points) {
@@ -353,6 +444,7 @@
   // The websocket: replay after the last seq held, then live; reconnect from there.
   const liveStatus = $("live-status");
   let backoff = 500;
+  let reconnecting = false;
 
   function setLive(status, text) {
     liveStatus.dataset.status = status;
@@ -363,6 +455,9 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?since=${latestSeq}`);
     socket.onopen = () => {
+      // Samples stored while the socket was down are not replayed by it: fetch them.
+      if (reconnecting) api("metrics/").then((data) => loadSystem(data.system)).catch(() => {});
+      reconnecting = false;
       backoff = 500;
       setLive("live", "live");
     };
@@ -370,6 +465,7 @@
       const message = JSON.parse(event.data);
       if (message.type === "lines") addLines(message.lines);
       else if (message.type === "metrics") addPoints(message.points);
+      else if (message.type === "system") addSamples(message.samples, message.hint);
       else if (message.type === "state") {
         const changed = message.state !== state;
         showState(message.state, message.reason);
@@ -382,6 +478,7 @@
         return;
       }
       setLive("reconnecting", "reconnecting…");
+      reconnecting = true;
       setTimeout(connect, backoff);
       backoff = Math.min(backoff * 2, 10000);
     };
