@@ -307,7 +307,7 @@ def cmd_submit(client, args):
             script = client.request("POST", "/api/scripts/", expect=(201,), files={"file": (path.name, handle)})
         body["script"] = script["id"]
     for key, value in (("name", args.name), ("backend", args.backend), ("cluster", args.cluster),
-                       ("group", args.group), ("time_limit_minutes", args.time_limit)):
+                       ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit)):
         if value is not None:
             body[key] = value
     if args.env:
@@ -411,6 +411,8 @@ def build_parser():
                         help="an environment variable of the job (repeatable)")
     submit.add_argument("--backend", help="local, instances or kubernetes (default: the portal's)")
     submit.add_argument("--cluster", help="kubernetes backend: the cluster (default: the only one)")
+    submit.add_argument("--gpu-model", metavar="MODEL",
+                        help="only GPUs whose nvidia-smi name contains this, e.g. A100 (instances, this machine)")
     submit.add_argument("--group", help="the group (team) the job's GPUs are charged to (default: yours)")
     submit.add_argument("--time-limit", type=int, metavar="MIN", help="time limit in minutes")
     submit.add_argument("-f", "--follow", action="store_true", help="then follow its logs to the end")

@@ -201,6 +201,10 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
                          "--cluster", "nowhere", train_py)
     assert nowhere.returncode == 2
     assert nowhere.stderr.strip() == "ringmaster: cluster: No enabled cluster 'nowhere'. Available: none."
+    model = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--gpu-model", "A100", train_py)
+    assert model.returncode == 2
+    assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine (horovodrun); "
+                                    "the models there are: no GPU nvidia-smi could see.")
     assert Job.objects.count() == before
 
 

@@ -120,13 +120,13 @@ def test_an_unreachable_portal_is_a_clear_error(home, monkeypatch, capsys, close
 def test_submit_arguments_and_everything_after_the_double_dash():
     args = cli.parse_args(["submit", "--image", "horovod-cpu", "--gpus", "2", "--name", "n", "--env", "LR=0.1",
                            "--env", "EMPTY=", "--env", "EQ=a=b", "--backend", "local", "--time-limit", "30", "-f",
-                           "--group", "vision", "--cluster", "gpu-east",
+                           "--group", "vision", "--cluster", "gpu-east", "--gpu-model", "A100",
                            "train.py", "--", "--epochs", "2", "--", "$(id)"])
     assert (args.command, args.image, args.gpus) == ("submit", "horovod-cpu", 2)
     assert (args.name, args.script) == ("n", "train.py")
     assert args.env == [("LR", "0.1"), ("EMPTY", ""), ("EQ", "a=b")]
     assert (args.backend, args.time_limit, args.follow, args.quiet) == ("local", 30, True, False)
-    assert (args.group, args.cluster) == ("vision", "gpu-east")
+    assert (args.group, args.cluster, args.gpu_model) == ("vision", "gpu-east", "A100")
     assert args.script_args == ["--epochs", "2", "--", "$(id)"]                # literally, never a shell
 
 
