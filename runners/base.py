@@ -5,6 +5,7 @@ launch() returns Started; follow() yields Output chunks of the launcher's combin
 finally Exited. Everything a runner does is idempotent and keyed by the job id, so a Celery task
 that is retried, or a follower that re-attaches after a crash, never starts a job twice.
 """
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,12 +39,24 @@ class JobSpec:
         return f"rm-job-{self.job_id}"
 
     def training_command(self):
-        """argv of one rank: python <script> <args>; a job bound to GPUs starts it through the
-        bind launcher (job_python/ringmaster_bind.py), which shows each rank its host's GPUs."""
+        """argv of one rank, word for word: python <script> <args> (where a launcher that stops
+        parsing at the program runs it, as mpirun does)."""
+        return [self.python, *self.rank_argv()]
+
+    def rank_argv(self):
+        """What a rank runs after `python`: the script and the user's words."""
         script = self.script_name if self.script_content is not None else self.script_path
-        if self.bound:
-            return [self.python, "-m", BIND_MODULE, script, *self.args]
-        return [self.python, script, *self.args]
+        return [script, *self.args]
+
+    def rank_command(self):
+        """argv of one rank under horovodrun, which would parse the user's words as its own
+        options: the rank launcher (job_python/ringmaster_rank.py) reads them from ARGV_FILE in
+        the job folder (see argv_file) and binds the job's GPUs."""
+        return [self.python, "-m", RANK_MODULE]
+
+    def argv_file(self):
+        """(name, content) of the file the rank launcher reads in the job folder."""
+        return ARGV_FILE, json.dumps(self.rank_argv()).encode()
 
     @property
     def bound(self):
@@ -57,7 +70,8 @@ class JobSpec:
         return {GPU_MAP: binding_env(dict(zip(host_names, self.gpu_binding)))}
 
 
-BIND_MODULE = "ringmaster_bind"
+RANK_MODULE = "ringmaster_rank"
+ARGV_FILE = "argv.json"
 GPU_MAP = "RINGMASTER_GPU_MAP"
 
 # What every launcher wraps horovodrun in: record its exit code atomically (a reader sees no file
@@ -72,13 +86,13 @@ JOB_DIR_MARKER = "RINGMASTER_JOB_DIR"
 
 def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
     """horovodrun's argv for `spec` on `hosts` ("h1:2,h2:2"): Gloo, no cache, an explicit start
-    timeout, then the training command, word for word. `launcher` is how horovodrun is started
+    timeout, then the rank launcher (no word of the user: those are in the job folder's argv file). `launcher` is how horovodrun is started
     (["horovodrun"] or [python, "-m", "horovod.runner.launch"]); `extra` are more options
     (ssh port and key, network interface), which must come before the training command."""
     return [
         *launcher, "--gloo", "-np", str(spec.gpus), "-H", hosts, *extra,
         "--disable-cache", "--start-timeout", str(start_timeout),
-        *spec.training_command(),
+        *spec.rank_command(),
     ]
 
 

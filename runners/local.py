@@ -84,6 +84,8 @@ class LocalRunner(Runner):
                 return Started(f"horovodrun already started (pid {pid_file.read_text().split()[0]})", True)
             if spec.script_content is not None:
                 (directory / spec.script_name).write_text(spec.script_content)
+            name, content = spec.argv_file()
+            (directory / name).write_bytes(content)
             with open(directory / "output.log", "ab") as output:
                 process = subprocess.Popen(
                     ["/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],

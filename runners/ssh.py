@@ -395,9 +395,11 @@ class SSHRunner(Runner):
             if code != 0:
                 raise InstanceError(f"{host.where()}: cannot make the job directory {directory}: "
                                     f"{(err or out).strip() or f'exit code {code}'}")
-            files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_bind.py")}
+            files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_rank.py")}
             if spec.script_content is not None:
                 files[spec.script_name] = spec.script_content.encode()
+            name, content = spec.argv_file()
+            files[name] = content
             for name, content in files.items():
                 code, out, err = execute(client, sh(UPLOAD, directory, name), stdin=content)
                 if code != 0:

@@ -452,3 +452,41 @@ def test_an_mpijob_of_another_portal_under_the_same_name_is_refused_not_adopted(
         assert labels[mpijob.INSTALLATION_LABEL] == "bbbb2222"       # left as it was
     finally:
         backend.cleanup()
+
+
+ARGV_SCRIPT = 'import json, sys\nprint("argv=" + json.dumps(sys.argv[1:]), flush=True)\n'
+
+
+def horovodrun_option_words():
+    """Every option horovodrun's own --help lists, whole and abbreviated (argparse accepts any
+    unambiguous prefix), and the words it would take as the end of its options or as help."""
+    import re
+    import subprocess
+
+    listed = subprocess.run([str(Path(sys.executable).parent / "horovodrun"), "--help"], capture_output=True,
+                            text=True, timeout=60).stdout
+    options = sorted(set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", listed)))
+    assert len(options) > 40 and "--network-interface" in options, listed[:500]
+    prefixes = {option[:n] for option in options if option.startswith("--") for n in range(3, len(option))}
+    return [*options, *sorted(prefixes), "--", "-", "-h", "$(id)", "a b", "", "--network", "resnet50"]
+
+
+@pytest.mark.parametrize("backend", ["local", "ssh"], indirect=True)
+def test_the_scripts_words_reach_it_as_given_and_never_horovodrun(backend):
+    """`--network resnet50` once failed the job with horovodrun's "ambiguous option": horovodrun
+    read the script's words as abbreviations of its own options. Every such word reaches every
+    rank as given."""
+    words = horovodrun_option_words()
+    spec = dataclasses.replace(backend.spec(Plan()), script_name="argv.py", script_content=ARGV_SCRIPT,
+                               args=tuple(words))
+    runner = backend.runner()
+    backend.launch(runner, spec)
+
+    read = follow(runner, spec)
+
+    assert read.exited is not None and read.exited.code == 0, (read.exited, read.data[-2000:])
+    import json
+
+    said = {rank: [json.loads(text[len("argv="):]) for text in texts if text.startswith("argv=")]
+            for rank, texts in rank_lines(read.data).items()}
+    assert said == {rank: [words] for rank in range(NP)}

@@ -1,0 +1,62 @@
+"""Start one rank of a job: `python -m ringmaster_rank`, in the job's folder, on every host.
+
+horovodrun parses its command line with argparse, which reads a script's own words as
+abbreviations of horovodrun's options (`--network resnet50` "could match --network-interface"),
+so no word of the user reaches horovodrun: the portal writes the rank's command, [script, args...],
+to `argv.json` in the job folder, horovodrun starts this module in that folder (on every host:
+Gloo cds each rank to the launcher's folder, the same path everywhere), and this module reads
+it and becomes the script (exec), so the script gets its words exactly as given.
+
+A job that owns GPUs also gets them here. horovodrun gives every rank the same environment, but
+a job owns different GPUs on each of its hosts: the portal puts them in RINGMASTER_GPU_MAP
+("host=0,1;host2=4,5", hosts as horovodrun's -H names them), horovodrun tells each rank its host
+in HOROVOD_HOSTNAME, and this sets CUDA_VISIBLE_DEVICES to that host's indices, so
+hvd.local_rank() 0, 1, ... is the job's first, second, ... GPU there and an unchanged Horovod
+script (torch.cuda.set_device(hvd.local_rank())) trains on what the job owns.
+"""
+import json
+import os
+import sys
+
+ARGV_FILE = "argv.json"
+MAP = "RINGMASTER_GPU_MAP"
+
+
+def indices_for(mapping, host):
+    for entry in mapping.split(";"):
+        name, _, indices = entry.partition("=")
+        if name == host:
+            return indices
+    return None
+
+
+def read_argv(path=ARGV_FILE):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            argv = json.load(handle)
+    except (OSError, ValueError) as exc:
+        sys.exit(f"ringmaster: cannot read this rank's command from {os.path.abspath(path)}: {exc}")
+    if not (isinstance(argv, list) and argv and all(isinstance(word, str) for word in argv)):
+        sys.exit(f"ringmaster: {os.path.abspath(path)} holds no command")
+    return argv
+
+
+def bind_gpus(environ):
+    mapping = environ.get(MAP)
+    if mapping is None:
+        return                                  # a job that owns no GPUs of its own
+    host = environ.get("HOROVOD_HOSTNAME", "")
+    indices = indices_for(mapping, host)
+    if indices is None:
+        sys.exit(f"ringmaster: this job owns no GPUs on host {host!r} ({MAP}={mapping!r})")
+    environ["CUDA_VISIBLE_DEVICES"] = indices
+
+
+def main():
+    argv = read_argv()
+    bind_gpus(os.environ)
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+if __name__ == "__main__":
+    main()
