@@ -321,7 +321,8 @@ class Instance(models.Model):
     def private_key(self):
         from jobs.secrets import decrypt
 
-        return decrypt(self.private_key_encrypted)
+        return decrypt(self.private_key_encrypted, f"the SSH key of instance {self.name}",
+                       f"store its SSH key again (the admin's Instances, or manage.py add_instance --name {self.name} ...)")
 
 
 class SlotAllocation(models.Model):
@@ -428,7 +429,10 @@ class Cluster(models.Model):
     def kubeconfig(self):
         from jobs.secrets import decrypt
 
-        return decrypt(self.kubeconfig_encrypted) if self.kubeconfig_encrypted else ""
+        if not self.kubeconfig_encrypted:
+            return ""
+        return decrypt(self.kubeconfig_encrypted, f"the kubeconfig of cluster {self.name}",
+                       f"store its kubeconfig again (the admin's Clusters, or manage.py add_cluster --name {self.name} ...)")
 
 
 class Installation(models.Model):

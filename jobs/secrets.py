@@ -36,8 +36,14 @@ def encrypt(text):
     return _fernet().encrypt(text.encode()).decode()
 
 
-def decrypt(token):
+def decrypt(token, what="a stored secret", again="store it again"):
+    """The secret, or SecretError saying what cannot be read and what an admin can do about it."""
     try:
         return _fernet().decrypt(token.encode()).decode()
+    except ImproperlyConfigured as exc:
+        raise SecretError(f"{what} cannot be decrypted: {exc}") from None
     except InvalidToken:
-        raise SecretError(f"a stored secret cannot be decrypted with the keys in {ENV_VAR}") from None
+        raise SecretError(
+            f"{what} cannot be decrypted with the keys in {ENV_VAR} (they changed since it was stored): "
+            f"put the key it was stored with back into {ENV_VAR}, after the new one, for web, worker and beat; "
+            f"or {again}") from None

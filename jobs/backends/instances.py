@@ -20,6 +20,7 @@ from jobs.backends.base import Admission, Backend, interpreter_problem
 from jobs.backends.placement import HostGpus, models_named
 from runners.gpus import matches
 from jobs.models import Instance, SlotAllocation
+from jobs.secrets import SecretError
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +208,15 @@ class InstancesBackend(Backend):
         allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))
         if not allocations:
             raise ValueError(f"job {job.pk} holds no instance slots")
+        hosts = []
+        for allocation in allocations:
+            try:
+                hosts.append(host_of(allocation.instance, allocation.slots))
+            except SecretError as exc:      # no job can use it until an admin acts: say so there too
+                set_health(allocation.instance, False, str(exc))
+                raise
         return ssh.SSHRunner(
-            [host_of(a.instance, a.slots) for a in allocations],
+            hosts,
             start_timeout=settings.RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS,
             connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
         )

@@ -19,6 +19,7 @@ from jobs.backends import job_spec
 from jobs.domain import states, telemetry
 from jobs.domain.logstore import append_output, last_lines
 from jobs.models import ACTIVE_STATES, Job, State
+from jobs.secrets import SecretError
 from runners.base import Exited, Output, Running, Status
 from runners.output import OutputSplitter
 
@@ -97,7 +98,10 @@ def run(job_id):
 def _run(job_id, me):
     job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
     backend = backends.of(job)
-    runner, spec = backend.runner(job), job_spec(job)
+    runner = _runner_or_fail(job)
+    if runner is None:
+        return
+    spec = job_spec(job)
     if job.state == State.LAUNCHING:
         if job.cancel_requested:
             states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
@@ -117,6 +121,21 @@ def _run(job_id, me):
         else:
             states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
     _follow(job_id, me, runner, spec)
+
+
+def _runner_or_fail(job):
+    """The job's runner; None after failing the job if the portal cannot reach where it runs
+    (a stored secret it needs cannot be decrypted): retrying could never succeed."""
+    try:
+        return backends.of(job).runner(job)
+    except SecretError as exc:
+        log.error("job %s: %s", job.pk, exc)
+        launched = job.state != State.LAUNCHING
+        reason = (f"cannot reach the job{' (it may still run there; the portal cannot stop it)' if launched else ''}: "
+                  f"{exc}")
+        states.transition(job.pk, State.FAILED, expect=set(ACTIVE_STATES), reason=reason[:500])
+        _after_end()
+        return None
 
 
 def _follow(job_id, me, runner, spec):
@@ -220,7 +239,9 @@ def stop(job_id):
     job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
     if job.is_terminal or not job.cancel_requested:
         return
-    runner = backends.of(job).runner(job)
+    runner = _runner_or_fail(job)
+    if runner is None:
+        return
     if job.state == State.LAUNCHING and not job.follower:
         if runner.reports_running:
             # Its launch may have created what runs it (an MPIJob) before the follower went away.

@@ -156,6 +156,25 @@ def test_a_launch_to_a_host_whose_key_changed_is_refused(http, sshds):
     assert not SlotAllocation.objects.filter(job_id=waiting).exists()
 
 
+def test_a_launch_with_an_unreadable_ssh_key_fails_at_once_saying_what_to_do(http, sshds):
+    """The instance's key was stored under Fernet keys the worker no longer has: the job fails
+    within a launch, not after retries forever, and the instance is marked unhealthy."""
+    from cryptography.fernet import Fernet
+
+    instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    token = Fernet(Fernet.generate_key()).encrypt(sshds["key"].read_bytes()).decode()
+    Instance.objects.filter(pk=instance.pk).update(private_key_encrypted=token)
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
+
+    job = wait_state(job_id, ENDED, timeout=60)
+    assert job.state == State.FAILED
+    assert job.reason.startswith("cannot reach the job: the SSH key of instance gpu-a cannot be decrypted with the "
+                                 "keys in RINGMASTER_FERNET_KEYS"), job.reason
+    instance.refresh_from_db()
+    assert not instance.healthy and "store its SSH key again" in instance.health_reason
+    assert not (sshds["work_dir"] / job_name(job_id)).exists()
+
+
 def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     add_instance(sshds, "gpu-a", "127.0.0.2", 2)
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "20"])
