@@ -34,10 +34,12 @@ from pathlib import Path
 import paramiko
 
 from . import gpus, telemetry
-from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
+from .base import (EXIT_CODE_WRAPPER, JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Status, Waiting,
+                   horovodrun_argv)
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
+TROUBLE_SAID_AFTER = 10.0     # seconds of trouble reaching a host before the job's reason says so
 # The job-folder marker (unique per instance work directory): cancel kills what carries it, so
 # jobs of another portal (or another runner) with the same id on the same machine are safe.
 DIR_MARKER = JOB_DIR_MARKER
@@ -157,8 +159,9 @@ def connect(host, timeout=10.0):
     return client, host_key_line(seen)
 
 
-def execute(client, command, stdin=None, timeout=60.0):
-    """Run `command` (a shell string, already quoted) on the host; (exit code, stdout, stderr)."""
+def execute(client, command, stdin=None, timeout=60.0, decode=True):
+    """Run `command` (a shell string, already quoted) on the host; (exit code, stdout, stderr),
+    stdout as bytes where decode is False."""
     chan = client.get_transport().open_session(timeout=timeout)
     chan.settimeout(timeout)
     chan.exec_command(command)
@@ -180,7 +183,7 @@ def execute(client, command, stdin=None, timeout=60.0):
     reader.join(timeout)
     code = chan.recv_exit_status()
     chan.close()
-    return code, out.decode(errors="replace"), err.decode(errors="replace")
+    return code, (out.decode(errors="replace") if decode else bytes(out)), err.decode(errors="replace")
 
 
 def sh(script, *args):
@@ -224,6 +227,13 @@ fi
 setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
 echo "$!" > pid.tmp && mv pid.tmp pid
 echo "started $!"
+"""
+# Bytes of output.log from byte $2 (1-based), at most $3 of them; exit 44 while there is none.
+# For hosts whose sshd offers no SFTP subsystem.
+READ = r"""
+cd -- "$1" 2>/dev/null || exit 44
+[ -f output.log ] || exit 44
+tail -c +"$2" output.log | head -c "$3"
 """
 # Is the launcher alive? $1 dir. Prints exit code if written, else alive/gone.
 STATUS = r"""
@@ -326,6 +336,58 @@ def check(host, timeout=10.0):
         return seen, gpus.parse_inventory(said)
     except gpus.GpuQueryError as exc:
         raise InstanceError(f"{host.where()}: {exc}") from None
+
+
+class SftpOutput:
+    """Reads a job's output.log over SFTP (one open file, read where the follower is)."""
+
+    def __init__(self, client, directory, timeout):
+        self.sftp = client.open_sftp()
+        self.sftp.get_channel().settimeout(timeout)
+        self.path, self.handle = f"{directory}/output.log", None
+
+    def read(self, offset, size):
+        """Up to `size` bytes from `offset`; FileNotFoundError while there is no output.log."""
+        if self.handle is None:
+            self.handle = self.sftp.open(self.path, "rb")
+        self.handle.seek(offset)
+        return self.handle.read(size)
+
+    def close(self):
+        for closable in (self.handle, self.sftp):
+            try:
+                closable and closable.close()
+            except Exception:
+                pass
+
+
+class ExecOutput:
+    """Reads output.log over exec (tail | head), for an sshd without an SFTP subsystem."""
+
+    def __init__(self, client, directory, timeout):
+        self.client, self.directory, self.timeout = client, directory, timeout
+
+    def read(self, offset, size):
+        code, out, err = execute(self.client, sh(READ, self.directory, str(offset + 1), str(size)),
+                                 timeout=self.timeout, decode=False)
+        if code == 44:
+            raise FileNotFoundError(f"{self.directory}/output.log")
+        if code != 0:
+            raise InstanceError(f"cannot read {self.directory}/output.log: {err.strip() or f'exit code {code}'}")
+        return out
+
+    def close(self):
+        pass
+
+
+def open_output(client, directory, timeout):
+    """A reader of the job's output.log: SFTP where the server offers it, else exec."""
+    try:
+        return SftpOutput(client, directory, timeout)
+    except paramiko.SSHException:          # "subsystem request failed": no SFTP on this sshd
+        if not client.get_transport() or not client.get_transport().is_active():
+            raise
+        return ExecOutput(client, directory, timeout)
 
 
 class SSHRunner(Runner):
@@ -432,33 +494,35 @@ class SSHRunner(Runner):
                        f"processes on {names} (-H {placement})")
 
     def follow(self, spec, offset, cursor=None):
-        """Tail output.log on the first host from `offset` (SFTP reads), then Exited."""
+        """Tail output.log on the first host from `offset` (SFTP reads, or exec where the server
+        has no SFTP), then Exited. Trouble reaching the host that lasts is said (Status) and,
+        after `lost_after` seconds, ends the follow."""
         host = self.first
-        path = f"{host.job_dir(spec)}/output.log"
-        client = sftp = handle = None
+        directory = host.job_dir(spec)
+        client = reader = None
         trouble_since = None
+        said_trouble = False
         next_status = 0.0
         try:
             while True:
                 try:
                     if client is None:
                         client = self._connect(host)
-                        sftp = client.open_sftp()
-                        sftp.get_channel().settimeout(max(self.connect_timeout, 30))
-                    if handle is None:
-                        try:
-                            handle = sftp.open(path, "rb")
-                        except FileNotFoundError:
-                            code, out, _ = execute(client, sh(STATUS, host.job_dir(spec)))
-                            if out.strip() in ("missing", "gone"):
-                                yield Exited(None, f"the job was never started on {host.name}")
-                                return
-                            yield Waiting()
-                            time.sleep(self.poll_interval)
-                            continue
-                    handle.seek(offset)
-                    data = handle.read(READ_CHUNK)
+                        reader = open_output(client, directory, max(self.connect_timeout, 30))
+                    try:
+                        data = reader.read(offset, READ_CHUNK)
+                    except FileNotFoundError:
+                        code, out, _ = execute(client, sh(STATUS, directory))
+                        if out.strip() in ("missing", "gone"):
+                            yield Exited(None, f"the job was never started on {host.name}")
+                            return
+                        yield Waiting()
+                        time.sleep(self.poll_interval)
+                        continue
                     trouble_since = None
+                    if said_trouble:
+                        said_trouble = False
+                        yield Status(f"reading the job's output on {host.name} again")
                     if data:
                         yield Output(data, offset)
                         offset += len(data)
@@ -469,15 +533,14 @@ class SSHRunner(Runner):
                         time.sleep(self.poll_interval)
                         continue
                     next_status = now + 1.0
-                    code, out, _ = execute(client, sh(STATUS, host.job_dir(spec)))
+                    code, out, _ = execute(client, sh(STATUS, directory))
                     status = out.strip()
                     if status == "alive":
                         yield Waiting()
                         time.sleep(self.poll_interval)
                         continue
                     # Ended: the exit code is written after the last output, so drain once more.
-                    handle.seek(offset)
-                    rest = handle.read(READ_CHUNK)
+                    rest = reader.read(offset, READ_CHUNK)
                     if rest:
                         yield Output(rest, offset)
                         offset += len(rest)
@@ -490,21 +553,26 @@ class SSHRunner(Runner):
                     return
                 except (InstanceError, OSError, EOFError, paramiko.SSHException) as exc:
                     # The connection dropped or the host is away: keep trying for a while.
-                    for closable in (handle, sftp, client):
+                    for closable in (reader, client):
                         try:
                             closable and closable.close()
                         except Exception:
                             pass
-                    client = sftp = handle = None
+                    client = reader = None
                     now = time.monotonic()
                     trouble_since = trouble_since or now
                     if now - trouble_since > self.lost_after:
                         yield Exited(None, f"lost contact with {host.name} for {self.lost_after:.0f} s: {exc}")
                         return
+                    if now - trouble_since >= TROUBLE_SAID_AFTER and not said_trouble:
+                        said_trouble = True
+                        yield Status(f"cannot read the job's output on {host.name} since "
+                                     f"{now - trouble_since:.0f} s ({exc or type(exc).__name__}); retrying, "
+                                     f"and failing the job after {self.lost_after:.0f} s")
                     yield Waiting()
                     time.sleep(min(2.0, self.poll_interval * 10))
         finally:
-            for closable in (handle, sftp, client):
+            for closable in (reader, client):
                 try:
                     closable and closable.close()
                 except Exception:

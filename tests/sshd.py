@@ -39,7 +39,7 @@ def free_port_on(addresses):
 
 
 class Sshd:
-    def __init__(self, directory, address, port, user_public_key):
+    def __init__(self, directory, address, port, user_public_key, sftp=True):
         self.directory, self.address, self.port = Path(directory), address, port
         self.host_key = keygen(self.directory / f"host_key_{address}")
         authorized = self.directory / "authorized_keys"
@@ -61,7 +61,7 @@ class Sshd:
             "MaxStartups 100:30:200",
             "MaxSessions 100",
             f"SetEnv PATH={VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
-            "Subsystem sftp internal-sftp",
+            *(["Subsystem sftp internal-sftp"] if sftp else []),   # off: an sshd that offers exec only
             "LogLevel ERROR",
         ]) + "\n")
         self.log_path = self.directory / f"sshd_{address}.log"
@@ -87,6 +87,19 @@ class Sshd:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"sshd on {self.address}:{self.port} did not come up")
+
+    def kill(self):
+        """The host goes away: the listener and every connection it serves (each in a process of
+        its own) die at once, as when a machine loses power."""
+        import psutil
+
+        listener = psutil.Process(self.process.pid)
+        for process in [*listener.children(recursive=True), listener]:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.process.wait(timeout=30)
 
     def stop(self):
         if self.process and self.process.poll() is None:

@@ -175,6 +175,37 @@ def test_a_launch_with_an_unreadable_ssh_key_fails_at_once_saying_what_to_do(htt
     assert not (sshds["work_dir"] / job_name(job_id)).exists()
 
 
+@pytest.fixture
+def sshd_without_sftp(sshds, tmp_path):
+    """A third "instance" (127.0.0.4) whose sshd offers no SFTP subsystem, only exec."""
+    port = sshd.free_port_on(["127.0.0.4"])
+    server = sshd.Sshd(tmp_path, "127.0.0.4", port, f"{sshds['key']}.pub", sftp=False).start()
+    yield server
+    server.stop()
+
+
+def test_an_instance_without_sftp_runs_a_job_to_the_end_with_all_its_output(http, sshds, sshd_without_sftp):
+    """The output is read over exec where the server has no SFTP (the job once stayed RUNNING,
+    with an empty reason, for good)."""
+    import paramiko
+
+    probe = paramiko.SSHClient()
+    probe.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    probe.connect("127.0.0.4", port=sshd_without_sftp.port, username="root", key_filename=str(sshds["key"]))
+    with pytest.raises(paramiko.SSHException):
+        probe.open_sftp()                                          # the server really has none
+    probe.close()
+    call_command("add_instance", "--name", "no-sftp", "--host", "127.0.0.4", "--port", str(sshd_without_sftp.port),
+                 "--user", "root", "--key-file", str(sshds["key"]), "--gpus", "2", "--work-dir",
+                 str(sshds["work_dir"]), "--network-interface", "lo", "--no-check")
+    Instance.objects.filter(name="no-sftp").update(healthy=True, health_reason="ok")
+    job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "30"])
+
+    job = wait_state(job_id, ENDED, timeout=120)
+    assert job.state == State.SUCCEEDED, job.reason
+    assert_complete(job_id, 30)
+
+
 def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     add_instance(sshds, "gpu-a", "127.0.0.2", 2)
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "20"])
@@ -326,3 +357,45 @@ def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup
                        "RINGMASTER_JOB_ID": "525252", "FROM_SETUP": "yes"}
     assert not list(tmp_path.rglob("pwned*"))
     assert "a" in runner.learned_host_keys                                    # trust on first use
+
+
+def test_a_follower_that_cannot_reach_the_host_says_so_and_then_gives_up(sshds, tmp_path):
+    """The runner's side of "no job hangs in silence": once the host's sshd is gone, the follow
+    says why in a Status within TROUBLE_SAID_AFTER seconds, and ends after lost_after."""
+    from runners.base import Exited, JobSpec, Output, Status
+    from runners.ssh import TROUBLE_SAID_AFTER, Host, SSHRunner
+
+    port = sshd.free_port_on(["127.0.0.5"])
+    server = sshd.Sshd(tmp_path, "127.0.0.5", port, f"{sshds['key']}.pub").start()
+    host = Host(name="flaky", address="127.0.0.5", port=port, user="root", private_key=sshds["key"].read_text(),
+                slots=1, work_dir=str(tmp_path / "work"), network_interface="lo")
+    runner = SSHRunner([host], poll_interval=0.1, connect_timeout=2, lost_after=TROUBLE_SAID_AFTER + 5)
+    spec = JobSpec(job_id=990001, gpus=1, python="python", script_name="slow.py",
+                   script_content="import time\nprint('started', flush=True)\ntime.sleep(600)\n", script_path=None)
+    runner.launch(spec)
+    events = runner.follow(spec, 0)
+    try:
+        seen = b""
+        for event in events:
+            if isinstance(event, Output):
+                seen += event.data
+                if b"started" in seen:
+                    break
+        server.kill()
+        began = time.monotonic()
+        statuses, ended = [], None
+        for event in events:
+            if isinstance(event, Status):
+                statuses.append((time.monotonic() - began, event.reason))
+            elif isinstance(event, Exited):
+                ended = (time.monotonic() - began, event)
+                break
+        assert statuses and statuses[0][0] < TROUBLE_SAID_AFTER + 5, statuses
+        assert statuses[0][1].startswith("cannot read the job's output on flaky since "), statuses
+        assert "failing the job after 15 s" in statuses[0][1]
+        assert ended and ended[1].code is None and ended[1].detail.startswith("lost contact with flaky for 15 s")
+    finally:
+        events.close()
+        server.start()
+        runner.cancel(spec)
+        server.stop()
