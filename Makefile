@@ -27,6 +27,7 @@ $(STAMP): requirements.txt pyproject.toml deploy/install-horovod.sh | $(PY)
 install: $(STAMP)
 
 run: install
+	deploy/ensure-sandbox.sh
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
 	@echo

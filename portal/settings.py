@@ -206,6 +206,9 @@ RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_DEFAULT_T
 RINGMASTER_MAX_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_MAX_TIME_LIMIT_MINUTES", "10080"))
 # Where the local runner puts job working directories.
 RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "jobs")).resolve()
+# Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error
+# at launch without it), "none" never (jobs can then read the portal's secrets).
+RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # A job stuck in LAUNCHING this long fails.

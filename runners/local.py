@@ -5,6 +5,9 @@ stdout and stderr together, each line tagged with its rank by horovodrun), `pid`
 written when horovodrun ends. horovodrun runs detached in its own session, so a Celery worker
 that dies or restarts does not take the training down; the next follower re-attaches by offset.
 
+Where bubblewrap is installed, a job runs in a sandbox (runners.sandbox) that hides the portal's
+processes, data folder and secrets from it.
+
 Every process of a job carries RINGMASTER_JOB_DIR (its folder) in its environment. cancel() uses
 it to find and kill all of them, including ranks that horovodrun moved into process groups of
 their own, and never another portal's job of the same number.
@@ -36,9 +39,11 @@ WRAPPER = EXIT_CODE_WRAPPER
 class LocalRunner(Runner):
     name = "local"
 
-    def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi"):
+    def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi",
+                 sandbox=None):
         self.jobs_dir = Path(jobs_dir)
         self.nvidia_smi = nvidia_smi
+        self.sandbox = sandbox                 # runners.sandbox.Sandbox, or None: no isolation
         self.poll_interval = poll_interval
         self.start_timeout = start_timeout
         self.kill_grace = kill_grace
@@ -57,7 +62,8 @@ class LocalRunner(Runner):
         path = os.pathsep.join(p for p in (bindir, "/usr/local/bin", "/usr/bin", "/bin") if p)
         env = {
             "PATH": path,
-            "HOME": os.environ.get("HOME", "/tmp"),
+            # In the sandbox only the job's folder is writable: it is the job's home there.
+            "HOME": str(self.job_dir(spec).resolve()) if self.sandbox else os.environ.get("HOME", "/tmp"),
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
         }
@@ -87,8 +93,9 @@ class LocalRunner(Runner):
             name, content = spec.argv_file()
             (directory / name).write_bytes(content)
             with open(directory / "output.log", "ab") as output:
+                isolation = self.sandbox.argv(directory) if self.sandbox else []
                 process = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],
+                    [*isolation, "/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],
                     cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )

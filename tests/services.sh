@@ -5,6 +5,7 @@ set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
+command -v bwrap >/dev/null || need+=(bubblewrap)        # the sandbox of jobs on this machine
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

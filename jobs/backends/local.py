@@ -6,6 +6,7 @@ Without nvidia-smi it runs CPU processes, RINGMASTER_LOCAL_CPU_SLOTS of them at 
 RINGMASTER_LOCAL_GPUS, when set, overrides the count (0 turns the backend off); with GPUs
 present it can only lower it: a job never gets a GPU the portal could not see.
 """
+import os
 import threading
 import time
 
@@ -15,10 +16,16 @@ from django.db.models import Sum
 from jobs.backends.base import Admission, Backend, interpreter_problem
 from jobs.backends.placement import HostGpus, models_named
 from jobs.models import SlotAllocation
-from runners import gpus
+from runners import gpus, sandbox
 from runners.local import LocalRunner
 
 _cache, _cache_lock = {}, threading.Lock()
+
+
+def job_sandbox():
+    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data and jobs folders."""
+    return sandbox.find(settings.RINGMASTER_LOCAL_SANDBOX, (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR),
+                        os.path.expanduser("~"))
 
 
 class MachineGpus:
@@ -145,4 +152,5 @@ class LocalBackend(Backend):
         SlotAllocation.objects.filter(job_id=job_id).delete()
 
     def runner(self, job):
-        return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI)
+        return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI,
+                           sandbox=job_sandbox())

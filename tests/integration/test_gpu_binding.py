@@ -3,17 +3,19 @@ on loopback), a real Celery worker and uvicorn, and NVIDIA's nvidia-smi played b
 tests/fakegpu/nvidia-smi (NVIDIA's documented CSV query format) for GPUs this machine lacks.
 
 Every rank prints what it was given: CUDA_VISIBLE_DEVICES and hvd.local_rank(). Jobs hold on
-until the test lets them go, so that they run side by side.
+until the test lets them go (go()), so that they run side by side.
 """
 import re
 import signal
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from jobs.backends import instances
 from jobs.models import Instance, Job, SlotAllocation, State, SystemSample
 from tests import sshd
-from tests.conftest import install_fake_nvidia_smi, job_processes, wait_for, wait_worker_idle
+from tests.conftest import install_fake_nvidia_smi, job_name, job_processes, wait_for, wait_worker_idle
 from tests.integration.test_instances import add_instance, sshds  # noqa: F401 (the sshd fixture)
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
@@ -29,18 +31,24 @@ hvd.init()
 print(f"BOUND rank={hvd.rank()} local_rank={hvd.local_rank()} host={os.environ.get('HOROVOD_HOSTNAME')} "
       f"visible={os.environ.get('CUDA_VISIBLE_DEVICES', '-')}", flush=True)
 deadline = time.time() + 240
-while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+while not os.path.exists("go") and time.time() < deadline:     # in the job's folder (see go())
     time.sleep(0.1)
 """
 BOUND = re.compile(r"BOUND rank=(\d+) local_rank=(\d+) host=(\S+) visible=(\S+)")
 
 
-def submit(http, release, **fields):
+def submit(http, **fields):
     response = http.post(f"{http.base}/api/jobs/", json={
-        "image": "horovod-cpu", "script": upload(http, SHOW_BINDING, "show_binding.py"),
-        "args": [str(release)], **fields})
+        "image": "horovod-cpu", "script": upload(http, SHOW_BINDING, "show_binding.py"), **fields})
     assert response.status_code == 201, response.text
     return response.json()["id"]
+
+
+def go(*job_ids, jobs_dir=None):
+    """Let the jobs end: a file in each one's folder (on this machine a job sees no other folder
+    of the machine's /tmp: it runs in a sandbox)."""
+    for job_id in job_ids:
+        (Path(jobs_dir or settings.RINGMASTER_JOBS_DIR) / job_name(job_id) / "go").touch()
 
 
 def bindings(job_id, ranks):
@@ -69,7 +77,7 @@ def gpus_of(binding):
 def test_two_jobs_on_this_machines_four_gpus_get_disjoint_gpus_and_a_third_waits_for_freed_ones(
         http, local_gpus, celery_worker, tmp_path):
     local_gpus([A100] * 4)
-    first, second = (submit(http, tmp_path / f"go-{i}", gpus=2) for i in (1, 2))
+    first, second = submit(http, gpus=2), submit(http, gpus=2)
     one, two = bindings(first, 2), bindings(second, 2)
 
     # Each rank sees exactly its job's GPUs, and local rank k is the job's k-th GPU.
@@ -78,18 +86,17 @@ def test_two_jobs_on_this_machines_four_gpus_get_disjoint_gpus_and_a_third_waits
     assert sorted(gpus_of(one).values()) == [0, 1] and sorted(gpus_of(two).values()) == [2, 3]
     assert allocation(first) == [("local", [0, 1])] and allocation(second) == [("local", [2, 3])]
 
-    third = submit(http, tmp_path / "go-3", gpus=2)
+    third = submit(http, gpus=2)
     job = wait_for(lambda: (j := Job.objects.get(pk=third)).reason.startswith("waiting for capacity") and j,
                    timeout=60, message="the third job to wait for GPUs")
     assert job.state == State.QUEUED
     assert job.reason == "waiting for capacity: 4 of 4 GPUs of this machine in use, this job needs 2 GPUs (0 free)"
 
-    (tmp_path / "go-1").touch()
+    go(first)
     assert wait_state(first, ENDED).state == State.SUCCEEDED
     assert {tuple(visible) for _, _, visible in bindings(third, 2).values()} == {(0, 1)}   # the freed ones
     assert allocation(third) == [("local", [0, 1])] and allocation(first) == []
-    for name in ("go-2", "go-3"):
-        (tmp_path / name).touch()
+    go(second, third)
     assert wait_state(second, ENDED).state == State.SUCCEEDED
     assert wait_state(third, ENDED).state == State.SUCCEEDED
     assert not SlotAllocation.objects.exists()
@@ -104,7 +111,7 @@ def rank_gpus(job_id):
 def test_a_worker_killed_mid_job_changes_neither_the_allocation_nor_the_binding(http, local_gpus, celery_worker,
                                                                                  tmp_path):
     local_gpus([A100] * 4)
-    job_id = submit(http, tmp_path / "go", gpus=2)
+    job_id = submit(http, gpus=2)
     bindings(job_id, 2)
     before = allocation(job_id), rank_gpus(job_id)
     assert before == ([("local", [0, 1])], ["0,1", "0,1"])
@@ -118,9 +125,9 @@ def test_a_worker_killed_mid_job_changes_neither_the_allocation_nor_the_binding(
     wait_for(lambda: SystemSample.objects.filter(job_id=job_id, id__gt=started).exists(), timeout=90,
              message="a new follower to sample the job again")       # it has re-attached
     assert (allocation(job_id), rank_gpus(job_id)) == before
-    other = submit(http, tmp_path / "go", gpus=2)                          # the job's GPUs are still its own
+    other = submit(http, gpus=2)                          # the job's GPUs are still its own
     assert {tuple(v) for _, _, v in bindings(other, 2).values()} == {(2, 3)}
-    (tmp_path / "go").touch()
+    go(job_id, other)
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
     assert wait_state(other, ENDED).state == State.SUCCEEDED
 
@@ -138,7 +145,7 @@ def test_a_job_asking_for_a_model_this_machine_lacks_is_refused_naming_the_model
 
 def test_this_machines_broken_nvidia_smi_places_nothing_and_the_job_says_why(http, local_gpus, tmp_path):
     local_gpus([A100] * 2, behaviour="fail")
-    job_id = submit(http, tmp_path / "go", gpus=1)
+    job_id = submit(http, gpus=1)
     job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).reason.startswith("waiting for this machine") and j,
                    timeout=60, message="the job to wait for this machine's GPUs")
     assert job.state == State.QUEUED
@@ -152,7 +159,7 @@ def test_this_machines_broken_nvidia_smi_places_nothing_and_the_job_says_why(htt
 def test_telemetry_of_a_job_on_this_machines_gpus_reaches_the_metrics_api_with_an_idle_hint(
         http, local_gpus, tmp_path):
     local_gpus([A100] * 4, utilization=[7, 11, 95, 95])
-    job_id = submit(http, tmp_path / "go", gpus=2)
+    job_id = submit(http, gpus=2)
     bindings(job_id, 2)
 
     def system():
@@ -165,18 +172,18 @@ def test_telemetry_of_a_job_on_this_machines_gpus_reaches_the_metrics_api_with_a
     assert (gpu0["utilization"], gpu0["memory_used"], gpu0["memory_total"], gpu0["power"]) == (7, 2048, 81920, 100)
     assert re.fullmatch(r"GPU utilization 9% over the last \d+ minutes?: is the input pipeline the bottleneck\?",
                         data["hint"])
-    (tmp_path / "go").touch()
+    go(job_id)
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
 
 
 def test_without_gpus_a_job_shows_the_cpu_and_memory_of_its_processes(http, tmp_path):
-    job_id = submit(http, tmp_path / "go", gpus=2)
+    job_id = submit(http, gpus=2)
     bindings(job_id, 2)
     samples = wait_for(lambda: (s := list(SystemSample.objects.filter(job_id=job_id, utilization__isnull=False)))
                        and s, timeout=60, message="a CPU sample")
     assert {(s.host, s.device) for s in samples} == {("localhost", "cpu")}
     assert all(s.memory_used > 50 and s.memory_total > s.memory_used for s in samples)   # two python+torch ranks
-    (tmp_path / "go").touch()
+    go(job_id)
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
 
 
@@ -197,9 +204,9 @@ def test_instance_gpus_are_seen_by_the_health_check_and_bound_per_host(http, ssh
         {"index": i, "name": "Tesla T4", "uuid": f"GPU-{i}", "memory_mib": 15360} for i in range(2)])
     wait_worker_idle(celery_worker)
 
-    small = submit(http, tmp_path / "go-small", gpus=2, backend="instances", gpu_model="a100")
+    small = submit(http, gpus=2, backend="instances", gpu_model="a100")
     assert {tuple(v) for _, _, v in bindings(small, 2).values()} == {(0, 1)}
-    wide = submit(http, tmp_path / "go-wide", gpus=4, backend="instances")
+    wide = submit(http, gpus=4, backend="instances")
     # 2 free on gpu-a (indices 2, 3) and 2 on gpu-b (0, 1): each rank sees its own host's.
     by_host = {}
     for rank, (local, host, visible) in bindings(wide, 4).items():
@@ -217,8 +224,7 @@ def test_instance_gpus_are_seen_by_the_health_check_and_bound_per_host(http, ssh
     assert response.status_code == 400
     assert response.json() == {"gpu_model": [f"No GPU is a V100 on GPU instances over SSH; the models there are: "
                                              f"{A100}, Tesla T4."]}
-    for name in ("go-small", "go-wide"):
-        (tmp_path / name).touch()
+    go(small, wide, jobs_dir=sshds["work_dir"])
     assert wait_state(small, ENDED).state == State.SUCCEEDED
     assert wait_state(wide, ENDED).state == State.SUCCEEDED
 

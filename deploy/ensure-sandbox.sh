@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Jobs on the portal's own machine run in a bubblewrap sandbox (runners/sandbox.py). Install it
+# where this user can (root with apt-get); otherwise say what a job could read without it.
+set -euo pipefail
+command -v bwrap >/dev/null && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing bubblewrap (the sandbox of jobs on this machine)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+    exit 0
+fi
+echo "WARNING: bubblewrap is not installed, so jobs on this machine run without a sandbox and can read" >&2
+echo "         the portal's secrets. Install it (sudo apt-get install bubblewrap) and start again." >&2

@@ -1,0 +1,66 @@
+"""The sandbox a job on the portal's own machine runs in (bubblewrap, Debian's `bubblewrap`).
+
+The local backend runs users' code on the machine that holds the portal's secrets: the secret
+key and the Fernet keys in its processes' environments and in its data folder, the database
+file, the admin's home. In the sandbox a job sees the machine's files read-only, less what is
+hidden (the portal's data folder, every other job's folder, the login secrets named below),
+writes only its own folder and a private /tmp, has its own PID namespace and /proc (the portal's
+processes, and their environments, do not exist there), a minimal /dev plus the NVIDIA devices,
+and no capabilities (root in the sandbox cannot read what its owner bits do not allow, mount,
+or trace). It shares the network: a database that trusts every local connection is not hidden.
+"""
+import glob
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# Files of the machine a job never needs: hidden behind an empty file or folder where they exist.
+HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
+HIDDEN_IN_HOME = (".ssh", ".config", ".kube", ".pgpass", ".netrc", ".docker", ".aws", ".bash_history",
+                  ".python_history", ".psql_history", ".rediscli_history")
+
+
+class SandboxError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """bwrap's argv for a job: `hide` are folders of the portal (its data folder, the jobs
+    folder) that the job's own folder is shown inside of again."""
+
+    bwrap: str
+    hide: tuple[str, ...]
+    home: str = ""
+
+    def argv(self, job_dir):
+        if not self.bwrap:
+            raise SandboxError("RINGMASTER_LOCAL_SANDBOX=bwrap, but bwrap is not installed "
+                               "(apt-get install bubblewrap)")
+        job_dir = str(Path(job_dir).resolve())
+        argv = [self.bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--cap-drop", "ALL", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for device in sorted(glob.glob("/dev/nvidia*")):
+            argv += ["--dev-bind", device, device]
+        for folder in self.hide:
+            if Path(folder).is_dir():
+                argv += ["--tmpfs", str(Path(folder).resolve())]
+        for path in [*HIDDEN_FILES, *(os.path.join(self.home, name) for name in HIDDEN_IN_HOME if self.home)]:
+            if os.path.isdir(path):
+                argv += ["--tmpfs", path]
+            elif os.path.lexists(path):
+                argv += ["--ro-bind", "/dev/null", path]
+        return [*argv, "--bind", job_dir, job_dir, "--chdir", job_dir, "--"]
+
+
+def find(setting, hide, home):
+    """The Sandbox for RINGMASTER_LOCAL_SANDBOX: "bwrap" (required), "auto" (bwrap where it is
+    installed), "none" (no sandbox: jobs can read the portal's secrets). None for no sandbox."""
+    if setting == "none":
+        return None
+    path = shutil.which("bwrap")
+    if path is None and setting != "bwrap":
+        return None                     # "auto" without bwrap; a launch with "bwrap" says what is missing
+    return Sandbox(path or "", tuple(str(h) for h in hide), str(home or ""))

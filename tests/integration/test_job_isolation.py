@@ -1,0 +1,84 @@
+"""A job on the portal's own machine can read nothing of the portal: it runs in a bubblewrap
+sandbox (runners.sandbox) through the real worker, and a script that looks for the portal's
+secrets the way an attacker would (every process's environment in /proc, the data folder, the
+secret key and database files, other jobs' folders, /etc/shadow) finds none of them.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from jobs.models import LogLine, State
+from tests.conftest import job_name
+from tests.integration.test_job_lifecycle import upload, wait_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+ENDED = {State.SUCCEEDED, State.FAILED, State.CANCELLED}
+
+LOOK = b"""
+import glob, json, os, sys
+found, read = [], []
+for path in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        data = open(path, "rb").read()
+    except OSError:
+        continue
+    read.append(path)
+    for word in (b"SECRET_KEY=", b"DATABASE_URL=", b"REDIS_URL=", b"RINGMASTER_FERNET_KEYS=", b"CANARY"):
+        if word in data:
+            found.append(f"{path} has {word.decode()}")
+for path in sys.argv[1:]:
+    if os.path.isdir(path):
+        if os.listdir(path):
+            found.append(f"listed {path}: {sorted(os.listdir(path))[:5]}")
+    else:
+        try:
+            with open(path, "rb") as handle:
+                found.append(f"read {path}: {handle.read(40)!r}")
+        except OSError:
+            pass
+# What the job may see: its own folder, the machine's system files, a /tmp of its own.
+own = sorted(os.listdir("."))
+open("/tmp/scratch", "w").write("mine")
+print("LOOKED " + json.dumps({"found": found, "environs": len(read), "own": own,
+                              "passwd": os.path.exists("/etc/passwd"), "pids": len(glob.glob("/proc/[0-9]*"))}),
+      flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")
+def test_a_local_job_finds_none_of_the_portals_secrets(http, service_env, tmp_path):
+    data_dir = Path(service_env["RINGMASTER_DATA_DIR"])
+    canaries = {name: data_dir / name for name in ("secret_key", "ringmaster.sqlite3", "fernet_keys")}
+    for path in canaries.values():
+        if not path.exists():
+            path.write_text("CANARY portal secret\n")
+    other_job = Path(settings.RINGMASTER_JOBS_DIR) / job_name(999999)       # another job's folder
+    other_job.mkdir(parents=True, exist_ok=True)
+    (other_job / "train.py").write_text("CANARY another user's script\n")
+    targets = [*map(str, canaries.values()), str(data_dir), str(other_job), str(other_job / "train.py"),
+               str(settings.RINGMASTER_JOBS_DIR), "/etc/shadow", "/etc/gshadow",
+               str(Path.home() / ".ssh"), str(Path.home() / ".config")]
+
+    response = http.post(f"{http.base}/api/jobs/", json={
+        "image": "horovod-cpu", "gpus": 2, "script": upload(http, LOOK, "look.py"), "args": targets})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    job = wait_state(job_id, ENDED, timeout=120)
+    lines = [line.text for line in LogLine.objects.filter(job_id=job_id).order_by("seq")]
+    assert job.state == State.SUCCEEDED, (job.reason, lines[-20:])
+
+    looked = [json.loads(text.split("LOOKED ", 1)[1]) for text in lines if "LOOKED " in text]
+    assert len(looked) == 2, lines                                           # both ranks looked
+    # The jobs folder shows the job its own folder, and nothing else.
+    own_folder = f"listed {settings.RINGMASTER_JOBS_DIR}: [{job_name(job_id)!r}]"
+    for seen in looked:
+        assert [found for found in seen["found"] if found != own_folder] == []
+        # It did look: it read the environments it could (its own ranks'), and it saw its own
+        # folder and the machine's system files.
+        assert seen["environs"] >= 2 and seen["pids"] < 20
+        assert "look.py" in seen["own"] and seen["passwd"] is True
+    assert not Path("/tmp/scratch").exists() or Path("/tmp/scratch").read_text() != "mine"
+    shutil.rmtree(other_job)
