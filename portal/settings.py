@@ -189,8 +189,10 @@ USE_I18N = True
 USE_TZ = True
 
 # --- Ringmaster -----------------------------------------------------------------------------
-# Largest GPU count one job may ask for.
-RINGMASTER_MAX_GPUS_PER_JOB = int(os.environ.get("RINGMASTER_MAX_GPUS_PER_JOB", "8"))
+# A site-wide cap on the GPUs of one job; unset: none beyond what each backend can ever hold
+# (this machine's GPUs or slots, the instances' total, a cluster's GPU limit).
+RINGMASTER_MAX_GPUS_PER_JOB = (int(os.environ["RINGMASTER_MAX_GPUS_PER_JOB"])
+                               if os.environ.get("RINGMASTER_MAX_GPUS_PER_JOB") else None)
 # The local runner's capacity. On a machine without GPUs each "GPU" is one CPU process.
 # This machine's capacity: the GPUs nvidia-smi shows (each job owns some, by index), else CPU
 # slots. RINGMASTER_LOCAL_GPUS, when set, overrides the count (0: the local backend is off).

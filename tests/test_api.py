@@ -92,7 +92,8 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
 
 @pytest.mark.parametrize("change, field, message", [
     ({"gpus": 0}, "gpus", "greater than or equal to 1"),
-    ({"gpus": 9}, "gpus", "At most 8 GPUs per job"),
+    ({"gpus": 9}, "gpus", "This machine runs at most 8 processes per job."),     # its CPU slots
+    ({"gpus": 2 ** 31}, "gpus", "less than or equal to 2147483647"),
     ({"gpus": "two"}, "gpus", "whole number"),
     ({"gpus": 1.5}, "gpus", "whole number"),
     ({"gpus": None}, "gpus", "required"),
@@ -244,3 +245,10 @@ def test_the_job_form_opens_on_an_image_that_runs_on_its_backend(client, image, 
     assert form.fields["backend"].initial == "local"
     assert form.fields["image"].initial == image.pk != first_by_name.pk
     assert f'<option value="{image.pk}" selected>' in client.get("/jobs/new/").content.decode()
+
+
+def test_a_site_wide_cap_on_the_gpus_of_a_job_holds_when_set(client, image, settings):
+    settings.RINGMASTER_MAX_GPUS_PER_JOB = 2
+    response = post_job(client, image=image.pk, gpus=3, script_path="/opt/train.py")
+    assert response.status_code == 400
+    assert response.json() == {"gpus": ["At most 2 GPUs per job on this portal (RINGMASTER_MAX_GPUS_PER_JOB)."]}

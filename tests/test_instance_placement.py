@@ -154,3 +154,15 @@ def test_the_admin_and_the_staff_cluster_page_show_each_instances_gpus_and_which
     change = client.get(f"/admin/jobs/instance/{a.pk}/change/").content.decode()
     assert "0: NVIDIA A100-SXM4-80GB, 81920 MiB <small>GPU-gpu-a-0</small>" in change
     assert "1: NVIDIA A100-SXM4-80GB, 81920 MiB (in use) <small>GPU-gpu-a-1</small>" in change
+
+
+def test_a_job_larger_than_all_the_instances_together_is_refused_naming_them(api_client, alice, image):
+    instance("gpu-a", 8), instance("gpu-b", 8, healthy=False), instance("off", 64, enabled=False)
+    client = api_client(alice)
+    body = {"image": image.name, "script_path": "x.py", "backend": "instances"}
+    response = client.post("/api/jobs/", {**body, "gpus": 17}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"gpus": ["The GPU instances hold 16 GPUs in all (gpu-a: 8, gpu-b: 8); "
+                                        "a job cannot ask for more."]}
+    response = client.post("/api/jobs/", {**body, "gpus": 16}, format="json")      # waits for gpu-b
+    assert response.status_code == 201, response.json()

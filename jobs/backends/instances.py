@@ -192,6 +192,15 @@ class InstancesBackend(Backend):
         """GPUs of the healthy, enabled instances."""
         return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
 
+    def largest_job(self):
+        """All the GPUs of the enabled instances, healthy or not: what a job may ever get here."""
+        return Instance.objects.filter(enabled=True).aggregate(n=Sum("gpus"))["n"] or 0
+
+    def too_large(self, limit):
+        sizes = ", ".join(f"{name}: {gpus}" for name, gpus in
+                          Instance.objects.filter(enabled=True).order_by("name").values_list("name", "gpus"))
+        return f"The GPU instances hold {limit} GPUs in all ({sizes}); a job cannot ask for more."
+
     def image_problem(self, image):
         return interpreter_problem(image, "a GPU instance")
 

@@ -142,7 +142,7 @@ def visible_scripts(user):
 class JobForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     image = ImageField()
-    gpus = forms.IntegerField(min_value=1)
+    gpus = forms.IntegerField(min_value=1, max_value=2 ** 31 - 1)     # the column; each backend has its own limit
     script = forms.IntegerField(required=False, min_value=1)
     script_path = forms.CharField(max_length=1024, required=False, strip=False)
     args = StringListField(required=False)
@@ -162,7 +162,8 @@ class JobForm(forms.Form):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
-        self.fields["gpus"].widget.attrs["max"] = settings.RINGMASTER_MAX_GPUS_PER_JOB
+        if settings.RINGMASTER_MAX_GPUS_PER_JOB is not None:
+            self.fields["gpus"].widget.attrs["max"] = settings.RINGMASTER_MAX_GPUS_PER_JOB
         self.fields["time_limit_minutes"].widget.attrs["max"] = settings.RINGMASTER_MAX_TIME_LIMIT_MINUTES
 
     def clean_name(self):
@@ -173,8 +174,8 @@ class JobForm(forms.Form):
     def clean_gpus(self):
         gpus = self.cleaned_data["gpus"]
         limit = settings.RINGMASTER_MAX_GPUS_PER_JOB
-        if gpus > limit:
-            raise forms.ValidationError(f"At most {limit} GPUs per job.")
+        if limit is not None and gpus > limit:
+            raise forms.ValidationError(f"At most {limit} GPUs per job on this portal (RINGMASTER_MAX_GPUS_PER_JOB).")
         return gpus
 
     def clean_script(self):

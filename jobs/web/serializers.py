@@ -80,7 +80,7 @@ class JobCreateRequest(serializers.Serializer):
     """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.web.forms.JobForm."""
 
     image = serializers.CharField(help_text="Image name or id (an enabled image of the catalog).")
-    gpus = serializers.IntegerField(min_value=1)
+    gpus = serializers.IntegerField(min_value=1, max_value=2 ** 31 - 1)
     script = serializers.IntegerField(required=False, help_text="Id from POST /api/scripts/.")
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
     args = serializers.ListField(child=serializers.CharField(), required=False)

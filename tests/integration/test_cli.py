@@ -193,7 +193,7 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     many = ringmaster(env, "submit", "--image", "no-such-image", "--gpus", "100", train_py)
     assert many.returncode == 2
     errors = many.stderr.splitlines()
-    assert "ringmaster: gpus: At most 8 GPUs per job." in errors
+    assert "ringmaster: gpus: This machine runs at most 4 processes per job." in errors
     assert any(line.startswith("ringmaster: image: No enabled image 'no-such-image'") for line in errors)
     stranger = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--group", "not-mine", train_py)
     assert stranger.returncode == 2 and stranger.stderr.startswith("ringmaster: group: ")
