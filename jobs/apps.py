@@ -6,4 +6,5 @@ class JobsConfig(AppConfig):
     verbose_name = "Training jobs"
 
     def ready(self):
+        from jobs import checks  # noqa: F401  (registers the system checks)
         from jobs.domain import receivers  # noqa: F401  (connects the domain's signal receivers)

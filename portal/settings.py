@@ -4,6 +4,7 @@ With no environment at all Ringmaster runs embedded: SQLite, the local runner, a
 the filesystem and an in-memory channel layer. DATABASE_URL and REDIS_URL switch to PostgreSQL and
 Redis. See README.md "Configuration" for the full list.
 """
+import base64
 import os
 import secrets
 from pathlib import Path
@@ -30,19 +31,28 @@ DATA_DIR = Path(os.environ.get("RINGMASTER_DATA_DIR", BASE_DIR / "var")).resolve
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
-def _secret_key():
-    """SECRET_KEY from the environment, else one generated once and kept in DATA_DIR."""
-    if os.environ.get("SECRET_KEY"):
-        return os.environ["SECRET_KEY"]
-    path = DATA_DIR / "secret_key"
+def _kept(name, make):
+    """A secret generated once and kept in DATA_DIR (mode 0600). Web, worker and beat start at
+    once: the file appears whole (written aside, then linked) and the first one made wins."""
+    path = DATA_DIR / name
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        aside = DATA_DIR / f".{name}.{os.getpid()}"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(50))
+            handle.write(make() + "\n")
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        finally:
+            aside.unlink()
     return path.read_text().strip()
 
 
-SECRET_KEY = _secret_key()
+# The embedded default (no DATABASE_URL) keeps the secrets it needs in DATA_DIR; a deployment
+# sets them (the system check jobs.checks refuses to start without RINGMASTER_FERNET_KEYS).
+EMBEDDED = not os.environ.get("DATABASE_URL")
+SECRET_KEY = os.environ.get("SECRET_KEY") or _kept("secret_key", lambda: secrets.token_urlsafe(50))
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
@@ -216,8 +226,9 @@ RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STAL
 # A job stuck in LAUNCHING this long fails.
 RINGMASTER_LAUNCH_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_LAUNCH_TIMEOUT_SECONDS", "300"))
 # Fernet keys (comma separated, the first encrypts) for secrets stored in the database: the SSH
-# private keys of instances (jobs.secrets). Unset: such secrets cannot be stored.
-RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS", "")
+# private keys of instances and kubeconfigs (jobs.secrets). Embedded: one kept in DATA_DIR.
+RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS") or (
+    _kept("fernet_key", lambda: base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()) if EMBEDDED else "")
 # horovodrun --start-timeout on GPU instances, and how long the portal waits for an instance's
 # SSH server before it calls it unreachable.
 RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS", "60"))
