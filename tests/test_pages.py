@@ -164,3 +164,15 @@ def test_the_form_says_which_gpus_this_machine_has_and_when_nvidia_smi_fails(cli
     local_gpus(["NVIDIA A100-SXM4-80GB"], behaviour="fail")
     form = client.get("/jobs/new/").content.decode()
     assert "This machine (horovodrun): nvidia-smi fails here (" in form and "jobs wait until it answers" in form
+
+
+def test_jobs_leads_to_the_job_list_and_every_page_has_an_icon(client, alice):
+    from django.contrib.staticfiles import finders
+
+    client.force_login(alice)
+    response = client.get("/jobs/?mine=1")
+    assert response.status_code == 302 and response["Location"] == "/?mine=1"
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 301 and icon["Location"] == "/static/ringmaster/favicon.svg"
+    assert finders.find("ringmaster/favicon.svg")
+    assert '<link rel="icon" href="/static/ringmaster/favicon.svg"' in client.get("/").content.decode()

@@ -1,10 +1,14 @@
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from jobs.web import usage_views, views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    path("jobs/", RedirectView.as_view(pattern_name="job-list", query_string=True)),
+    path("favicon.ico", RedirectView.as_view(url=static("ringmaster/favicon.svg"), permanent=True)),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/<id:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<id:job_id>/mpijob/", views.job_mpijob, name="job-mpijob"),
