@@ -17,6 +17,7 @@ $(PY):
 
 # torch first, alone: `pip install torch==2.13.0` takes the local CPU build, never the CUDA one.
 $(STAMP): requirements.txt pyproject.toml deploy/install-horovod.sh | $(PY)
+	@echo "Installing Ringmaster's Python packages into $(VENV) (PyTorch's CPU build first; a few minutes, once)"
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
@@ -31,8 +32,9 @@ run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
 	@echo
-	@echo "Ringmaster is starting at http://$(HOST):$(PORT)/  (Ctrl-C stops it)"
+	@echo "Ringmaster is starting at http://$(HOST):$(PORT)/ (a banner says when it is ready; Ctrl-C stops it)"
 	@echo
+	@rm -f "$${RINGMASTER_DATA_DIR:-var}"/run/*.ready   # ready_banner waits for this run's worker and beat
 	RINGMASTER_HOST=$(HOST) RINGMASTER_PORT=$(PORT) $(VENV)/bin/honcho -f deploy/Procfile -d . start
 
 test-services:

@@ -2,9 +2,24 @@
 import os
 
 from celery import Celery
+from celery.signals import beat_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _worker_ready(**kwargs):
+    from portal.readiness import mark_ready
+
+    mark_ready("worker")
+
+
+@beat_init.connect
+def _beat_ready(**kwargs):
+    from portal.readiness import mark_ready
+
+    mark_ready("beat")

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.management.commands.ready_banner import keep_initial_password
 from jobs.models import Cluster, Image, Script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -27,6 +28,8 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(12)
             users.objects.create_superuser(admin, email="", password=password)
             self.stdout.write(f"Created admin user {admin!r} with password: {password}")
+            # For the banner `make run` prints once everything is up (ready_banner), until changed.
+            keep_initial_password(admin, password)
         else:
             self.stdout.write(f"Admin user {admin!r} exists (reset its password: python manage.py changepassword {admin}).")
 
