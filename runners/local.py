@@ -14,6 +14,7 @@ their own, and never another portal's job of the same number.
 """
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -75,6 +76,16 @@ class LocalRunner(Runner):
         env[JOB_MARKER] = str(self.job_dir(spec).resolve())
         return env
 
+    def _needs(self, spec):
+        """What a job reads besides the machine's system folders: the installation of its
+        interpreter (a virtual environment: bin/python's parent folder, and where that links to)
+        and Ringmaster's job_python."""
+        found = shutil.which(spec.python, path=self.environment(spec)["PATH"])
+        if found is None:
+            return (str(JOB_PYTHON),)
+        linked, real = Path(os.path.abspath(found)), Path(found).resolve()
+        return tuple(dict.fromkeys([str(linked.parent.parent), str(real.parent.parent), str(JOB_PYTHON)]))
+
     @contextmanager
     def _launch_lock(self, directory):
         with open(directory / "launch.lock", "w") as handle:
@@ -93,7 +104,7 @@ class LocalRunner(Runner):
             name, content = spec.argv_file()
             (directory / name).write_bytes(content)
             with open(directory / "output.log", "ab") as output:
-                isolation = self.sandbox.argv(directory) if self.sandbox else []
+                isolation = self.sandbox.argv(directory, keep=self._needs(spec)) if self.sandbox else []
                 process = subprocess.Popen(
                     [*isolation, "/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],
                     cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,

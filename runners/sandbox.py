@@ -34,7 +34,10 @@ class Sandbox:
     hide: tuple[str, ...]
     home: str = ""
 
-    def argv(self, job_dir):
+    def argv(self, job_dir, keep=()):
+        """bwrap's options for a job in `job_dir`; `keep`: folders the job needs (its interpreter's
+        installation, what it may import of Ringmaster) shown read-only even where they lie in a
+        hidden place (a checkout under /tmp)."""
         if not self.bwrap:
             raise SandboxError("RINGMASTER_LOCAL_SANDBOX=bwrap, but bwrap is not installed "
                                "(apt-get install bubblewrap)")
@@ -44,14 +47,23 @@ class Sandbox:
                 "--cap-drop", "ALL", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
         for device in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", device, device]
+        hidden = ["/tmp"]
         for folder in self.hide:
             if Path(folder).is_dir():
-                argv += ["--tmpfs", str(Path(folder).resolve())]
+                hidden.append(str(Path(folder).resolve()))
+                argv += ["--tmpfs", hidden[-1]]
         for path in [*HIDDEN_FILES, *(os.path.join(self.home, name) for name in HIDDEN_IN_HOME if self.home)]:
             if os.path.isdir(path):
                 argv += ["--tmpfs", path]
             elif os.path.lexists(path):
                 argv += ["--ro-bind", "/dev/null", path]
+            else:
+                continue
+            hidden.append(path)
+        for folder in keep:
+            # Never a folder that holds something hidden ("/" for a python in /bin): that would show it again.
+            if Path(folder).is_dir() and not any(Path(h).is_relative_to(folder) for h in hidden):
+                argv += ["--ro-bind", str(folder), str(folder)]
         return [*argv, "--bind", job_dir, job_dir, "--chdir", job_dir, "--"]
 
 
