@@ -3,6 +3,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.contrib.auth.models import AnonymousUser
 from rest_framework.authtoken.models import Token
 
 
@@ -17,10 +18,11 @@ class _TokenHeaderMiddleware(BaseMiddleware):
         headers = dict(scope.get("headers", []))
         value = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, key = value.partition(" ")
-        if scheme.lower() == "token" and key.strip():
-            user = await _user_for_token(key.strip())
-            if user is not None:
-                scope["user"] = user
+        if scheme.lower() == "token":
+            # A client that sends a token is who the token says, or nobody: never the session
+            # cookie it may carry as well (OriginOrTokenValidator let it through on the token).
+            user = await _user_for_token(key.strip()) if key.strip() else None
+            scope["user"] = user if user is not None else AnonymousUser()
         return await super().__call__(scope, receive, send)
 
 

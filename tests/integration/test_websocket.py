@@ -101,6 +101,24 @@ def test_strangers_and_anonymous_clients_are_refused_before_any_data(live_portal
     assert asyncio.run(refused({"Authorization": "Token not-a-token"})) == 403
     assert asyncio.run(refused({})) == 403                                   # no Origin, no token
     assert asyncio.run(refused({"Origin": "http://evil.example", **token_header(job.owner)})) == 403
+    # A bad token with no Origin is not a way around the Origin check for a session cookie.
+    cookie = session_cookie(job.owner)
+    assert asyncio.run(refused({"Authorization": "Token not-a-token", "Cookie": cookie})) == 403
+    assert asyncio.run(refused({"Authorization": "Token", "Cookie": cookie})) == 403
+
+    async def accepted(headers):
+        async with connect(ws_url(live_portal, job), additional_headers=headers) as ws:
+            return (await receive_until(ws, lambda m: any(x["type"] == "state" for x in m)))[0]["type"]
+    assert asyncio.run(accepted({"Origin": live_portal, "Cookie": cookie})) == "state"   # the cookie is good
+
+
+def session_cookie(user):
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
 def test_staff_may_watch_any_job(live_portal, job, make_user):
