@@ -251,14 +251,7 @@
         return steps.map((step) => (values.has(step) ? values.get(step) : null));
       })];
       chart.box.dataset.points = chart.points;
-      const keys = ranks.join(",");
-      if (chart.plot && keys === chart.keys) {
-        chart.plot.setData(data);
-        continue;
-      }
-      if (chart.plot) chart.plot.destroy();
-      chart.keys = keys;
-      chart.plot = new uPlot({
+      plotInto(chart, ranks.join(","), data, () => ({
         title: name,
         width: Math.max(280, chart.box.clientWidth || 520),
         height: 220,
@@ -270,8 +263,20 @@
           spanGaps: true,
           points: {show: steps.length < 60},
         }))],
-      }, data, chart.box);
+      }));
     }
+  }
+
+  // Draw `data` in chart.box: new data into the same plot while its series (`keys`) stay, else a
+  // new plot made from options().
+  function plotInto(chart, keys, data, options) {
+    if (chart.plot && keys === chart.keys) {
+      chart.plot.setData(data);
+      return;
+    }
+    if (chart.plot) chart.plot.destroy();
+    chart.keys = keys;
+    chart.plot = new uPlot(options(), data, chart.box);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -336,21 +341,14 @@
         return times.map((t) => (series.has(t) ? series.get(t)[quantity.key] : null));
       })];
       chart.box.dataset.points = shown.reduce((n, key) => n + systemSeries.get(key).size, 0);
-      const joined = shown.join(",");
-      if (chart.plot && joined === chart.keys) {
-        chart.plot.setData(data);
-        continue;
-      }
-      if (chart.plot) chart.plot.destroy();
-      chart.keys = joined;
-      chart.plot = new uPlot({
+      plotInto(chart, shown.join(","), data, () => ({
         title: quantity.title,
         width: Math.max(280, chart.box.clientWidth || 520),
         height: 200,
         series: [{label: "time"}, ...shown.map((key, i) => ({
           label: key, stroke: COLORS[i % COLORS.length], spanGaps: true, points: {show: times.length < 60},
         }))],
-      }, data, chart.box);
+      }));
     }
   }
 
