@@ -543,3 +543,56 @@ def parse_rank_failure(text: str) -> tuple[int, int] | None:
     if match is not None:
         return int(match[1]), 128 + int(match[2])
     return None
+
+
+# --- what a failing rank said ---------------------------------------------------------------
+TRACEBACK = "Traceback (most recent call last):"
+# Exceptions a rank raises because another one failed first (Horovod shut down under it).
+_SECONDARY_RE = re.compile(r"HorovodInternalError|Horovod has been shut down|HorovodShutdown")
+_EXCEPTION_RE = re.compile(r"[A-Za-z_][\w.]*(?::\s.*)?")
+
+
+def exception_line(after_traceback: list[str]) -> str | None:
+    """The exception a Python traceback ends with (``RuntimeError: boom``), given the lines of
+    one rank's stderr that follow its ``Traceback (most recent call last):``; None if it has not
+    ended yet. Frames are indented; the first unindented line that looks like ``Name: message``
+    (or a bare name) ends a traceback. A chained one ("During handling of the above exception,
+    another exception occurred:") goes on to the last exception."""
+    found, in_traceback = None, True
+    for text in after_traceback:
+        if not text.strip() or text[0] in " \t":
+            continue
+        if text == TRACEBACK or text.startswith(("During handling of the above exception",
+                                                 "The above exception was the direct cause")):
+            in_traceback = True
+        elif in_traceback and _EXCEPTION_RE.fullmatch(text):
+            found, in_traceback = text, False
+        elif not in_traceback:
+            break                                  # what the rank printed after its traceback
+    return found
+
+
+def exception_name(text: str) -> str:
+    """``HorovodInternalError`` of ``horovod.common.exceptions.HorovodInternalError: ...``."""
+    return text.split(":", 1)[0].rsplit(".", 1)[-1]
+
+
+def is_secondary(text: str) -> bool:
+    """Whether a rank's exception only says that Horovod stopped under it because of another rank."""
+    return bool(_SECONDARY_RE.search(text))
+
+
+def signal_exit(code: int | None) -> str | None:
+    """``killed by signal 9 (SIGKILL)`` for an exit status that is a signal (-9, or 128 + 9 as
+    shells and mpirun report it), else None."""
+    import signal as signals
+
+    if code is None or not (code < 0 or 128 < code < 128 + 65):
+        return None
+    number = -code if code < 0 else code - 128
+    try:
+        name = signals.Signals(number).name
+    except ValueError:
+        return f"killed by signal {number}"
+    hint = "; the kernel's out-of-memory killer sends it when memory runs out" if number == 9 else ""
+    return f"killed by signal {number} ({name}{hint})"

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import states, telemetry
-from jobs.domain.logstore import append_output, last_lines
+from jobs.domain import failure, states, telemetry
+from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
 from runners.base import Exited, Output, Running, Status
@@ -208,25 +208,8 @@ def finish(job_id, exited, stop_reason=None):
     elif exited.code == 0:
         states.transition(job_id, State.SUCCEEDED, expect=ACTIVE_STATES, exit_code=0, message=exited.detail)
     else:
-        states.transition(job_id, State.FAILED, expect=ACTIVE_STATES, **_failure(job, exited))
+        states.transition(job_id, State.FAILED, expect=ACTIVE_STATES, **failure.describe(job, exited))
     _after_end()
-
-
-def _failure(job, exited):
-    """Exit code, failing rank and a reason naming the rank and its last words (and what the
-    backend saw that explains it, e.g. an OOMKilled pod)."""
-    cause = f" ({exited.cause})" if exited.cause else ""
-    if job.failed_rank is not None:
-        tail = last_lines(job, rank=job.failed_rank, count=1)
-        reason = f"rank {job.failed_rank} exited with code {job.exit_code}" + cause
-        if tail:
-            reason += f": {tail[-1]}"
-        return {"exit_code": job.exit_code, "failed_rank": job.failed_rank, "reason": reason[:500]}
-    if exited.code is None:
-        return {"reason": ((exited.detail or "the launcher disappeared") + cause)[:500]}
-    tail = last_lines(job, rank=None, count=1)
-    reason = (exited.detail or f"exited with code {exited.code}") + cause + (f": {tail[-1]}" if tail else "")
-    return {"exit_code": exited.code, "reason": reason[:500]}
 
 
 def _after_end():

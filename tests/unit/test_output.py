@@ -727,3 +727,42 @@ class TestParseRankFailure:
     )
     def test_other_lines(self, text):
         assert parse_rank_failure(text) is None
+
+
+# --- what a failing rank said (runners.output.exception_line and friends) --------------------
+from runners.output import exception_line, exception_name, is_secondary, signal_exit  # noqa: E402
+
+CHAINED = """\
+  File "train.py", line 9, in <module>
+    hvd.allreduce(x)
+RuntimeError: Horovod has been shut down. This was caused by an exception on one of the ranks
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "train.py", line 11, in <module>
+    raise HorovodInternalError(e)
+horovod.common.exceptions.HorovodInternalError: Horovod has been shut down.
+after the traceback
+SomethingElse: not part of it""".splitlines()
+
+
+def test_the_exception_a_traceback_ends_with_even_when_chained():
+    assert exception_line(['  File "t.py", line 6, in <module>', '    raise RuntimeError("boom")',
+                           "RuntimeError: boom", "more output"]) == "RuntimeError: boom"
+    assert exception_line(CHAINED) == "horovod.common.exceptions.HorovodInternalError: Horovod has been shut down."
+    assert exception_line(['  File "t.py", line 6, in <module>', "KeyboardInterrupt"]) == "KeyboardInterrupt"
+    assert exception_line(['  File "t.py", line 6, in <module>']) is None          # not ended yet
+
+
+def test_which_errors_only_say_that_another_rank_failed_first():
+    line = exception_line(CHAINED)
+    assert exception_name(line) == "HorovodInternalError" and is_secondary(line)
+    assert not is_secondary("RuntimeError: boom")
+
+
+def test_exit_statuses_that_are_signals():
+    assert signal_exit(137) == ("killed by signal 9 (SIGKILL; the kernel's out-of-memory killer sends it when "
+                                "memory runs out)")
+    assert signal_exit(-15) == "killed by signal 15 (SIGTERM)"
+    assert signal_exit(1) is None and signal_exit(None) is None and signal_exit(128) is None

@@ -1,0 +1,68 @@
+"""Why a job failed, in one line: the rank whose error came first, not the first rank that
+horovodrun reaped. When rank 1 raises, rank 0 then dies of HorovodInternalError ("Horovod has
+been shut down") and horovodrun may name process 0; the reason names rank 1 and its exception,
+and says what the others then did: `rank 1: RuntimeError: boom (rank 0 then stopped:
+HorovodInternalError)`. A rank killed by a signal (the OOM killer's SIGKILL) says so. Shared by
+every backend: it reads the stored, per-rank log."""
+from jobs.domain.logstore import last_lines
+from jobs.models import LogLine
+from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit
+
+LINES_AFTER_TRACEBACK = 400        # a traceback longer than this is read no further
+OTHERS_SHOWN = 3
+
+
+def rank_errors(job):
+    """[(rank, exception line)] of the ranks that printed a Python traceback, in the order their
+    tracebacks began."""
+    starts = {}
+    for rank, seq in (LogLine.objects.filter(job=job, rank__isnull=False, text=TRACEBACK)
+                      .order_by("seq").values_list("rank", "seq")):
+        starts.setdefault(rank, seq)
+    errors = []
+    for rank, seq in sorted(starts.items(), key=lambda item: item[1]):
+        after = list(LogLine.objects.filter(job=job, rank=rank, seq__gt=seq, stream="stderr")
+                     .order_by("seq").values_list("text", flat=True)[:LINES_AFTER_TRACEBACK])
+        line = exception_line(after)
+        if line:
+            errors.append((rank, line))
+    return errors
+
+
+def _then(errors, cause_rank):
+    others = [f"rank {rank} then stopped: {exception_name(line)}" for rank, line in errors if rank != cause_rank]
+    if not others:
+        return ""
+    shown = others[:OTHERS_SHOWN] + ([f"{len(others) - OTHERS_SHOWN} more ranks too"]
+                                     if len(others) > OTHERS_SHOWN else [])
+    return f" ({'; '.join(shown)})"
+
+
+def describe(job, exited):
+    """The fields of a failed job: exit code, failing rank and reason (and what the backend saw
+    that explains it, e.g. an OOMKilled pod)."""
+    cause = f" ({exited.cause})" if exited.cause else ""
+    errors = rank_errors(job)
+    first = next(((rank, line) for rank, line in errors if not is_secondary(line)), None)
+    code = job.exit_code if job.exit_code is not None else exited.code
+    if first is not None:                           # a rank raised, and not because another one did
+        rank, line = first
+        reason = f"rank {rank}: {line}{cause}{_then(errors, rank)}"
+        return {"exit_code": code, "failed_rank": rank, "reason": reason[:500]}
+    if job.failed_rank is not None:                 # the launcher names the rank that ended first
+        rank = job.failed_rank
+        reason = f"rank {rank} exited with code {job.exit_code}{cause}"
+        killed = signal_exit(job.exit_code)
+        tail = last_lines(job, rank=rank, count=1)
+        if killed:
+            reason += f": {killed}"
+        elif rank in dict(errors):
+            reason += f": {dict(errors)[rank]}"
+        elif tail:
+            reason += f": {tail[-1]}"
+        return {"exit_code": job.exit_code, "failed_rank": rank, "reason": (reason + _then(errors, rank))[:500]}
+    if exited.code is None:
+        return {"reason": ((exited.detail or "the launcher disappeared") + cause)[:500]}
+    tail = last_lines(job, rank=None, count=1)
+    reason = (exited.detail or f"exited with code {exited.code}") + cause + (f": {tail[-1]}" if tail else "")
+    return {"exit_code": exited.code, "reason": reason[:500]}
