@@ -93,8 +93,8 @@ def test_a_failed_launcher_ends_failed_with_the_operators_reason_and_the_failing
     job_id = submit(http)
     job = wait_state(job_id, ENDED)
     assert job.state == State.FAILED
-    assert job.reason.startswith("rank 1 exited with code 137: RuntimeError: NaN loss"), job.reason
-    assert job.failed_rank == 1
+    assert job.reason.startswith("rank 1: RuntimeError: NaN loss"), job.reason      # what it raised
+    assert job.failed_rank == 1 and job.exit_code == 137
     assert (1, "RuntimeError: NaN loss") in texts(job_id)
 
 
