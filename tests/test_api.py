@@ -112,7 +112,7 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
     ({"env": {"A": "x\x00"}}, "env", "NUL"),
     ({"env": {"RINGMASTER_JOB_ID": "7"}}, "env", "reserved"),
     ({"backend": "slurm"}, "backend", "not one of the available choices"),
-    ({"backend": "kubernetes"}, "cluster", "No Kubernetes cluster is set up"),
+    ({"backend": "kubernetes"}, "backend", "No Kubernetes cluster is registered (or enabled): an admin adds one"),
     ({"backend": "local", "cluster": "nowhere"}, "cluster", "The local backend takes no cluster"),
     ({"time_limit_minutes": 0}, "time_limit_minutes", "greater than or equal to 1"),
 ])

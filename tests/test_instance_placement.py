@@ -166,3 +166,20 @@ def test_a_job_larger_than_all_the_instances_together_is_refused_naming_them(api
                                         "a job cannot ask for more."]}
     response = client.post("/api/jobs/", {**body, "gpus": 16}, format="json")      # waits for gpu-b
     assert response.status_code == 201, response.json()
+
+
+def test_with_no_instance_the_backend_is_not_offered_and_the_api_says_what_an_admin_must_add(
+        api_client, client, alice, image):
+    body = {"image": image.name, "script_path": "x.py", "gpus": 1, "backend": "instances"}
+    api = api_client(alice)
+    response = api.post("/api/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"backend": ["No GPU instance is registered (or enabled): an admin adds one with "
+                                           "manage.py add_instance, or in the admin under Instances."]}
+    client.force_login(alice)
+    assert 'value="instances"' not in client.get("/jobs/new/").content.decode()
+    instance("gpu-a", 2, enabled=False)                                   # a disabled one is not one either
+    assert api.post("/api/jobs/", body, format="json").status_code == 400
+    instance("gpu-b", 2)
+    assert 'value="instances"' in client.get("/jobs/new/").content.decode()
+    assert api.post("/api/jobs/", body, format="json").status_code == 201

@@ -105,8 +105,12 @@ class Backend:
 
     # --- submission -----------------------------------------------------------------------
     def offered(self):
-        """Whether the job form offers this backend (False while nothing stands behind it)."""
-        return True
+        """Whether the job form offers this backend (not while nothing stands behind it)."""
+        return self.unavailable() is None
+
+    def unavailable(self):
+        """Why no job can go to this backend now, saying what an admin must add; None if one can."""
+        return None
 
     def page_fields(self):
         """Fields of its own for the browser's job form: {name: django.forms.Field}."""

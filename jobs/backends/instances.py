@@ -192,6 +192,12 @@ class InstancesBackend(Backend):
         """GPUs of the healthy, enabled instances."""
         return Instance.objects.filter(enabled=True, healthy=True).aggregate(n=Sum("gpus"))["n"] or 0
 
+    def unavailable(self):
+        if Instance.objects.filter(enabled=True).exists():
+            return None
+        return ("No GPU instance is registered (or enabled): an admin adds one with manage.py add_instance, "
+                "or in the admin under Instances.")
+
     def largest_job(self):
         """All the GPUs of the enabled instances, healthy or not: what a job may ever get here."""
         return Instance.objects.filter(enabled=True).aggregate(n=Sum("gpus"))["n"] or 0

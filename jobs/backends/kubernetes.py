@@ -61,8 +61,11 @@ class KubernetesBackend(Backend):
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
 
-    def offered(self):
-        return _enabled_clusters().exists()
+    def unavailable(self):
+        if _enabled_clusters().exists():
+            return None
+        return ("No Kubernetes cluster is registered (or enabled): an admin adds one with "
+                "manage.py add_cluster, or in the admin under Clusters.")
 
     def page_fields(self):
         if not self.offered():

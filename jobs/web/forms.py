@@ -198,10 +198,14 @@ class JobForm(forms.Form):
         """An enabled backend (by name); the backend itself checks the rest in clean()."""
         name = (self.cleaned_data["backend"] or "").strip() or settings.RINGMASTER_DEFAULT_BACKEND
         try:
-            return backends.get(name)
+            backend = backends.get(name)
         except backends.UnknownBackend:
             raise forms.ValidationError(f"Select a valid choice. {name} is not one of the available choices "
                                         f"({', '.join(backends.names()) or 'none'}).")
+        problem = backend.unavailable()
+        if problem:
+            raise forms.ValidationError(problem)
+        return backend
 
     def clean_cluster(self):
         """Where the job runs, for a backend with several places (resolved by that backend)."""

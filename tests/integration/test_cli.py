@@ -200,7 +200,8 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     nowhere = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--backend", "kubernetes",
                          "--cluster", "nowhere", train_py)
     assert nowhere.returncode == 2
-    assert nowhere.stderr.strip() == "ringmaster: cluster: No enabled cluster 'nowhere'. Available: none."
+    assert nowhere.stderr.strip() == ("ringmaster: backend: No Kubernetes cluster is registered (or enabled): an "
+                                      "admin adds one with manage.py add_cluster, or in the admin under Clusters.")
     model = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--gpu-model", "A100", train_py)
     assert model.returncode == 2
     assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine (horovodrun); "
