@@ -233,6 +233,7 @@ def test_instance_gpus_are_seen_by_the_health_check_and_bound_per_host(http, ssh
 @pytest.mark.parametrize("behaviour, words", [
     ("fail", "nvidia-smi failed (exit code 9): Failed to initialize NVML: Driver/library version mismatch"),
     ("garbage", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
+    ("hang", "nvidia-smi did not answer within"),
 ])
 def test_an_instance_whose_nvidia_smi_is_broken_is_unhealthy_with_its_output(sshds, tmp_path, db, behaviour, words):  # noqa: F811
     instance = gpu_instance(sshds, tmp_path, "gpu-a", "127.0.0.2", [A100] * 2, behaviour=behaviour)

@@ -289,12 +289,16 @@ def test_unreachable_instance_fails_the_job_quickly_with_the_reason(http, sshds,
 
 
 def test_a_job_that_does_not_fit_waits_with_the_reason(http, sshds):
+    """2 GPUs: the instances hold 2, but one of them is down, so the job waits saying which."""
     add_instance(sshds, "gpu-a", "127.0.0.2", 1)
+    add_instance(sshds, "gpu-b", "127.0.0.3", 1)
+    Instance.objects.filter(name="gpu-b").update(healthy=False, health_reason="cannot reach the host")
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "1"])
     job = wait_for(lambda: (j := Job.objects.get(pk=job_id)).reason.startswith("waiting for instances") and j,
                    timeout=60, message="the reason")
     assert job.state == State.QUEUED
     assert job.reason.startswith("waiting for instances: needs 2 GPUs, largest free block 1")
+    assert job.reason.endswith("not healthy: gpu-b (cannot reach the host)")
     http.post(f"{http.base}/api/jobs/{job_id}/cancel/")
 
 
