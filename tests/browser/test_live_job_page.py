@@ -210,3 +210,31 @@ def test_the_page_reconnects_after_a_web_server_restart_and_misses_nothing(log_i
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live", timeout=30_000)
     store(job, numbered(50, 10))
     assert_complete(page, 60)
+
+
+def test_cancel_asks_first_then_cancels_in_place_and_the_live_dot_stops_when_the_job_ends(log_in, job, alice):
+    page = log_in(alice)
+    page.goto(f"/jobs/{job.pk}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
+
+    page.once("dialog", lambda dialog: dialog.dismiss())                   # "no": nothing happens
+    page.click("#cancel-form button")
+    expect(page.locator("#cancel-form")).to_be_visible()
+    assert not Job.objects.get(pk=job.pk).cancel_requested
+
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    page.click("#cancel-form button")
+    expect(page.locator("#cancel-form")).to_be_hidden()
+    expect(page.locator("#job-state")).to_contain_text("(cancelling)")
+    assert asked == [f"Cancel job {job.pk}? Every one of its processes is stopped."]
+    wait_for(lambda: Job.objects.get(pk=job.pk).cancel_requested, timeout=10, message="the cancel to be stored")
+    assert page.url.endswith(f"/jobs/{job.pk}/") and page.locator(".message").count() == 0   # in place
+
+    off_loop(states.transition, job.pk, State.CANCELLED, expect={State.RUNNING}, message="stopped")
+    expect(page.locator("#job-state .state")).to_have_attribute("data-state", "CANCELLED")
+    expect(page.locator("#job-state")).not_to_contain_text("cancelling")
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "ended")
+    page.reload()                                                           # and on a page opened later
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "ended")
+    assert page.locator("#cancel-form").count() == 0

@@ -398,15 +398,45 @@
     return span;
   }
 
+  let cancelling = root.dataset.cancelling === "true";
+
   function showState(newState, reason) {
     state = newState;
     root.dataset.state = newState;
     $("job-state").replaceChildren(badge(newState));
+    if (cancelling && !TERMINAL.has(newState)) $("job-state").append(" (cancelling)");
     showField("job-reason", reason);
-    if (TERMINAL.has(newState)) {
+    if (TERMINAL.has(newState) || cancelling) {
       const cancel = $("cancel-form");
       if (cancel) cancel.hidden = true;
     }
+  }
+
+  // Cancel asks first, then cancels over the API and shows it in place (no reload, no flash).
+  const cancelForm = $("cancel-form");
+  if (cancelForm) {
+    cancelForm.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      if (!window.confirm(`Cancel job ${jobId}? Every one of its processes is stopped.`)) return;
+      const button = cancelForm.querySelector("button");
+      button.disabled = true;
+      try {
+        const response = await fetch(`/api/jobs/${jobId}/cancel/`, {
+          method: "POST", credentials: "same-origin",
+          headers: {Accept: "application/json",
+                    "X-CSRFToken": cancelForm.querySelector("input[name=csrfmiddlewaretoken]").value},
+        });
+        const job = await response.json().catch(() => ({}));
+        if (!response.ok) {
+          showField("job-reason", job.detail || `cancel failed: HTTP ${response.status}`);
+          return;
+        }
+        cancelling = true;
+        showState(job.state, job.reason);
+      } finally {
+        button.disabled = false;
+      }
+    });
   }
 
   function dateTime(iso) {
@@ -443,6 +473,7 @@
   const liveStatus = $("live-status");
   let backoff = 500;
   let reconnecting = false;
+  let ended = false;                 // the job has ended: nothing more will come
 
   function setLive(status, text) {
     liveStatus.dataset.status = status;
@@ -468,9 +499,18 @@
         const changed = message.state !== state;
         showState(message.state, message.reason);
         if (changed || TERMINAL.has(message.state)) refreshSummary().catch(() => {});
+        if (TERMINAL.has(message.state)) {
+          // The lines stored before the job ended came before this message: the log is whole.
+          ended = true;
+          socket.close();
+        }
       }
     };
     socket.onclose = (event) => {
+      if (ended) {
+        setLive("ended", "ended");
+        return;
+      }
       if (event.code === 4404) {
         setLive("refused", "not allowed");
         return;
