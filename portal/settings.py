@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",        # Swagger UI's files, served from here (no CDN)
     "channels",
     "jobs",
     "frontend",
@@ -182,6 +183,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Ringmaster API",
     "DESCRIPTION": "Submit and follow distributed Horovod training jobs.",
     "VERSION": "1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -252,3 +252,19 @@ def test_a_site_wide_cap_on_the_gpus_of_a_job_holds_when_set(client, image, sett
     response = post_job(client, image=image.pk, gpus=3, script_path="/opt/train.py")
     assert response.status_code == 400
     assert response.json() == {"gpus": ["At most 2 GPUs per job on this portal (RINGMASTER_MAX_GPUS_PER_JOB)."]}
+
+
+def test_the_api_is_documented_in_a_browser_from_vendored_files(client):
+    import yaml
+
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200 and b"swagger-ui" in docs.content
+    assert b"cdn.jsdelivr" not in docs.content and b"unpkg" not in docs.content      # no CDN
+    assert b"/static/drf_spectacular_sidecar/swagger-ui-dist/" in docs.content
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    jobs = schema["paths"]["/api/jobs/"]
+    assert jobs["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/JobPage")
+    for path in ("/api/jobs/{job_id}/logs/", "/api/jobs/{job_id}/metrics/"):
+        assert "schema" in schema["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+        assert {"400", "404"} & set(schema["paths"][path]["get"]["responses"])
+    assert schema["components"]["schemas"]["JobCreateRequest"]["properties"]["image"]["minLength"] == 1

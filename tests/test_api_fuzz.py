@@ -1,6 +1,7 @@
 """schemathesis against the portal's own OpenAPI schema (/api/schema/), in-process: a bounded
 number of generated requests per operation, as a logged-in user with a token. No request may get
-a server error."""
+a server error, and every answer must be what the schema says: a documented status code, content
+type and body."""
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -32,6 +33,10 @@ def test_generated_requests_to_every_operation_never_get_a_server_error(make_use
 
 
 def _fuzz(app, headers):
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance, response_schema_conformance, status_code_conformance)
+
+    checks = [status_code_conformance, content_type_conformance, response_schema_conformance]
     schema = schemathesis.openapi.from_wsgi("/api/schema/", app)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 9, [f"{o.method} {o.path}" for o in operations]
@@ -45,5 +50,10 @@ def _fuzz(app, headers):
             if response.status_code >= 500:
                 failures.append((case.method, case.path, case.path_parameters, case.query, case.body,
                                  response.status_code))
+                return
+            try:                          # the answer is what the schema says it is
+                case.validate_response(response, checks=checks)
+            except Exception as exc:      # schemathesis raises a group of failures
+                failures.append((case.method, case.path, response.status_code, str(exc)[:300]))
         call()
     assert failures == []

@@ -14,11 +14,14 @@ from jobs.models import Image, MetricPoint, State
 from jobs.web import params as params_
 from jobs.web.parsers import JSONParser
 from jobs.web.serializers import (
-    ImageSerializer, JobCreateRequest, JobDetailSerializer, JobSerializer, LogLineSerializer,
-    QuotaSerializer, ScriptSerializer, ScriptUploadRequest, rank_label,
+    DetailSerializer, ErrorsSerializer, ImageSerializer, JobCreateRequest, JobDetailSerializer, JobPageSerializer,
+    JobSerializer, LogLineSerializer, LogPageSerializer, MetricsSerializer, QuotaSerializer, ScriptSerializer,
+    ScriptUploadRequest, rank_label,
 )
 
 MAX_LOG_LIMIT = 10000
+# Every endpoint: no credentials (401), or credentials that do not work (403).
+REFUSED = {401: DetailSerializer, 403: DetailSerializer}
 
 
 def form_errors(form):
@@ -32,7 +35,7 @@ def get_job(request, job_id):
 
 
 class ImageList(APIView):
-    @extend_schema(responses=ImageSerializer(many=True))
+    @extend_schema(responses={200: ImageSerializer(many=True), **REFUSED})
     def get(self, request):
         return Response(ImageSerializer(Image.objects.filter(enabled=True), many=True).data)
 
@@ -40,11 +43,12 @@ class ImageList(APIView):
 class ScriptList(APIView):
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(responses=ScriptSerializer(many=True))
+    @extend_schema(responses={200: ScriptSerializer(many=True), **REFUSED})
     def get(self, request):
         return Response(ScriptSerializer(visible_scripts(request.user), many=True).data)
 
-    @extend_schema(request={"multipart/form-data": ScriptUploadRequest}, responses={201: ScriptSerializer})
+    @extend_schema(request={"multipart/form-data": ScriptUploadRequest},
+                   responses={201: ScriptSerializer, 400: ErrorsSerializer, **REFUSED})
     def post(self, request):
         form = ScriptUploadForm(data=request.data, files=request.FILES)
         if not form.is_valid():
@@ -56,8 +60,10 @@ class ScriptList(APIView):
 class JobList(APIView):
     parser_classes = [JSONParser, FormParser, MultiPartParser]
 
-    @extend_schema(responses=JobSerializer(many=True),
-                   parameters=[OpenApiParameter("state", str, description="Only jobs in this state.")])
+    @extend_schema(operation_id="jobs_list", responses={200: JobPageSerializer, 400: ErrorsSerializer, **REFUSED},
+                   parameters=[OpenApiParameter("state", str, description="Only jobs in this state."),
+                               OpenApiParameter("limit", int, description="At most this many jobs."),
+                               OpenApiParameter("offset", int, description="Skip this many first.")])
     def get(self, request):
         jobs = scheduler.with_queue_position(visible_jobs(request.user))
         state = request.query_params.get("state", "").upper()
@@ -72,7 +78,7 @@ class JobList(APIView):
         page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
 
-    @extend_schema(request=JobCreateRequest, responses={201: JobSerializer})
+    @extend_schema(request=JobCreateRequest, responses={201: JobSerializer, 400: ErrorsSerializer, **REFUSED})
     def post(self, request):
         if not hasattr(request.data, "get"):
             return Response({"non_field_errors": ["Send a JSON object."]}, status=status.HTTP_400_BAD_REQUEST)
@@ -84,14 +90,15 @@ class JobList(APIView):
 
 
 class JobDetail(APIView):
-    @extend_schema(responses=JobDetailSerializer)
+    @extend_schema(responses={200: JobDetailSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         job = get_job(request, job_id)
         return Response(JobDetailSerializer(job, context={"request": request}).data)
 
 
 class JobCancel(APIView):
-    @extend_schema(request=None, responses={202: JobSerializer, 409: dict})
+    @extend_schema(request=None, responses={202: JobSerializer, **REFUSED, 404: DetailSerializer,
+                                            409: DetailSerializer})
     def post(self, request, job_id):
         job = get_job(request, job_id)
         try:
@@ -109,7 +116,7 @@ class JobLogs(APIView):
         OpenApiParameter("rank", str, description='A rank number, or "launcher".'),
         OpenApiParameter("q", str, description="Only lines containing this text (case-insensitive)."),
         OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT})."),
-    ])
+    ], responses={200: LogPageSerializer, 400: ErrorsSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         """`next` is the seq to pass as `since` for the following page; `prev` the one to pass
         as `before` for the page above."""
@@ -135,6 +142,7 @@ class JobLogs(APIView):
 
 
 class JobMetrics(APIView):
+    @extend_schema(responses={200: MetricsSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         job = get_job(request, job_id)
         series = {}
@@ -149,6 +157,6 @@ class JobMetrics(APIView):
 class QuotaView(APIView):
     """The caller's limits and current use, scope by scope (their own, their groups')."""
 
-    @extend_schema(responses=QuotaSerializer)
+    @extend_schema(responses={200: QuotaSerializer, **REFUSED})
     def get(self, request):
         return Response(quotas.summary(request.user))

@@ -79,7 +79,7 @@ class LogLineSerializer(serializers.ModelSerializer):
 class JobCreateRequest(serializers.Serializer):
     """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.web.forms.JobForm."""
 
-    image = serializers.CharField(help_text="Image name or id (an enabled image of the catalog).")
+    image = serializers.CharField(min_length=1, help_text="Image name or id (an enabled image of the catalog).")
     gpus = serializers.IntegerField(min_value=1, max_value=2 ** 31 - 1)
     script = serializers.IntegerField(required=False, help_text="Id from POST /api/scripts/.")
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
@@ -119,3 +119,62 @@ class QuotaSerializer(serializers.Serializer):
 
 class ScriptUploadRequest(serializers.Serializer):
     file = serializers.FileField()
+
+
+# --- what the API answers, for the OpenAPI schema (the views build these dicts themselves) --------
+class ErrorsSerializer(serializers.Serializer):
+    """400: the message(s) of each field that was refused ("non_field_errors": of the whole)."""
+    non_field_errors = serializers.ListField(child=serializers.CharField(), required=False)
+
+    class Meta:
+        ref_name = "FieldErrors"
+
+
+class DetailSerializer(serializers.Serializer):
+    """401, 403, 404, 409: what went wrong, in one sentence."""
+    detail = serializers.CharField()
+
+
+class JobPageSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = JobSerializer(many=True)
+
+
+class LogPageSerializer(serializers.Serializer):
+    lines = LogLineSerializer(many=True)
+    next = serializers.IntegerField(help_text="Pass as `since` for the following page.")
+    prev = serializers.IntegerField(help_text="Pass as `before` for the page above.")
+
+
+class MetricPointSerializer(serializers.Serializer):
+    rank = serializers.JSONField(help_text='A rank number, or "launcher".')
+    step = serializers.IntegerField(allow_null=True)
+    value = serializers.FloatField()
+    ts = serializers.DateTimeField()
+    seq = serializers.IntegerField()
+
+
+class SystemSampleSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    ts = serializers.DateTimeField()
+    host = serializers.CharField()
+    device = serializers.CharField(help_text='"gpu<index>", or "cpu" for the job\'s processes on a host without GPUs.')
+    utilization = serializers.FloatField(allow_null=True, help_text="%")
+    memory_used = serializers.FloatField(allow_null=True, help_text="MiB")
+    memory_total = serializers.FloatField(allow_null=True, help_text="MiB")
+    power = serializers.FloatField(allow_null=True, help_text="W")
+
+
+class SystemMetricsSerializer(serializers.Serializer):
+    collected = serializers.BooleanField(help_text="Whether this backend samples a running job's hosts.")
+    note = serializers.CharField(help_text="Where nothing is collected: why.")
+    hint = serializers.CharField(help_text='"GPU utilization 12% over the last 10 minutes: ...", or empty.')
+    samples = SystemSampleSerializer(many=True)
+
+
+class MetricsSerializer(serializers.Serializer):
+    series = serializers.DictField(child=MetricPointSerializer(many=True),
+                                   help_text="Training metrics by name, each a list of points.")
+    system = SystemMetricsSerializer()
