@@ -173,3 +173,27 @@ def test_many_viewers_of_one_job_each_get_every_line_once(live_portal, job, alic
     for got, points in asyncio.run(scenario()):
         assert got == list(range(6, 41))
         assert points == 5
+
+
+def test_a_connected_viewer_does_not_hold_the_web_server_when_it_stops(restartable_portal, job, alice):
+    """A restart with viewers connected is quick (it once waited out the 10 s graceful limit on a
+    blocked Redis read): the viewer is told at once and the server is gone within a few seconds."""
+    import time
+
+    headers = token_header(alice)
+
+    async def scenario():
+        async with connect(ws_url(restartable_portal.url, job), additional_headers=headers) as ws:
+            await receive_until(ws, lambda m: any(x["type"] == "state" for x in m))
+            began = time.monotonic()
+            restartable_portal.process.terminate()                     # SIGTERM, as a restart sends
+            with pytest.raises(Exception):
+                async with asyncio.timeout(5):
+                    while True:
+                        await ws.recv()
+            told = time.monotonic() - began
+            await asyncio.to_thread(restartable_portal.process.wait, 30)
+            return told, time.monotonic() - began
+
+    told, gone = asyncio.run(scenario())
+    assert told < 3 and gone < 5, (told, gone)
