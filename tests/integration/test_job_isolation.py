@@ -12,6 +12,7 @@ from django.conf import settings
 
 from jobs.models import LogLine, State
 from tests.conftest import job_name
+from tests.integration.test_instances import add_instance, sshds  # noqa: F401 (the sshd fixture)
 from tests.integration.test_job_lifecycle import upload, wait_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -83,3 +84,36 @@ def test_a_local_job_finds_none_of_the_portals_secrets(http, service_env, tmp_pa
         assert "look.py" in seen["own"] and seen["passwd"] is True
     assert not Path("/tmp/scratch").exists()                                # its /tmp was its own
     shutil.rmtree(other_job)
+
+
+LEFT_ON_THE_INSTANCE = b"""
+import json, os
+found = []
+for name, value in os.environ.items():
+    for secret in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "RINGMASTER_FERNET_KEYS"):
+        if name == secret:
+            found.append(f"environment has {name}")
+for name in os.listdir("."):
+    if os.path.isfile(name):
+        data = open(name, "rb").read()
+        if b"PRIVATE" + b" KEY-----" in data:             # split: this file must not match itself
+            found.append(f"{name} holds a private key")
+print("LEFT " + json.dumps({"found": found, "files": sorted(os.listdir("."))}), flush=True)
+"""
+
+
+def test_a_job_on_an_instance_gets_none_of_the_portals_secrets(http, sshds, settings):  # noqa: F811
+    """The instances here are this machine (loopback sshd), so what the portal sends is what is
+    checked: the job's environment and its folder on the instance hold no portal secret and no
+    private key (the instance's key stays encrypted in the portal's database)."""
+    add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    response = http.post(f"{http.base}/api/jobs/", json={
+        "image": "horovod-cpu", "gpus": 2, "backend": "instances",
+        "script": upload(http, LEFT_ON_THE_INSTANCE, "left.py")})
+    assert response.status_code == 201, response.text
+    job = wait_state(response.json()["id"], ENDED, timeout=120)
+    lines = [line.text for line in LogLine.objects.filter(job_id=job.pk).order_by("seq")]
+    assert job.state == State.SUCCEEDED, (job.reason, lines[-20:])
+    left = [json.loads(text.split("LEFT ", 1)[1]) for text in lines if "LEFT " in text]
+    assert len(left) == 2 and all(seen["found"] == [] for seen in left), left
+    assert "left.py" in left[0]["files"]
