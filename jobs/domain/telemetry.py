@@ -88,9 +88,19 @@ class Sampler:
             self.thread.join(timeout=30)
         return False
 
+    def _delays(self):
+        """Two quick looks first (a CPU rate needs two readings), so that even a job of a few
+        seconds has something to show; then one every interval."""
+        yield min(1.0, self.interval)
+        yield min(1.0, self.interval)
+        while True:
+            yield self.interval
+
     def _run(self):
         try:
-            while not self.stopped.wait(self.interval):
+            for delay in self._delays():
+                if self.stopped.wait(delay):
+                    break
                 self.sample_once()
         finally:
             try:

@@ -332,9 +332,10 @@
         const box = document.createElement("div");
         box.className = "chart";
         box.dataset.quantity = quantity.key;
-        systemBox.appendChild(box);
         chart = {box, plot: null, keys: ""};
         systemCharts.set(quantity.key, chart);
+        // Always in the order of QUANTITIES, whichever quantity was seen first.
+        systemBox.append(...QUANTITIES.filter((q) => systemCharts.has(q.key)).map((q) => systemCharts.get(q.key).box));
       }
       const data = [times, ...shown.map((key) => {
         const series = systemSeries.get(key);
