@@ -176,3 +176,11 @@ def test_jobs_leads_to_the_job_list_and_every_page_has_an_icon(client, alice):
     assert icon.status_code == 301 and icon["Location"] == "/static/ringmaster/favicon.svg"
     assert finders.find("ringmaster/favicon.svg")
     assert '<link rel="icon" href="/static/ringmaster/favicon.svg"' in client.get("/").content.decode()
+
+
+def test_the_form_speaks_in_labels_a_person_reads(client, alice, image):
+    client.force_login(alice)
+    form = client.get("/jobs/new/").content.decode()
+    for label in ("GPUs", "Time limit (minutes)", "Environment variables", "Arguments", "Script path"):
+        assert f">{label}</label>" in form or f">{label}:</label>" in form, label
+    assert ">Gpus" not in form and ">Env<" not in form and ">Time limit minutes" not in form

@@ -142,16 +142,16 @@ def visible_scripts(user):
 class JobForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     image = ImageField()
-    gpus = forms.IntegerField(min_value=1, max_value=2 ** 31 - 1)     # the column; each backend has its own limit
+    gpus = forms.IntegerField(min_value=1, max_value=2 ** 31 - 1, label="GPUs")   # the column; each backend has its own limit
     script = forms.IntegerField(required=False, min_value=1)
-    script_path = forms.CharField(max_length=1024, required=False, strip=False)
+    script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     args = StringListField(required=False)
     env = StringMapField(required=False)
     backend = forms.CharField(max_length=20, required=False,
                               help_text="An enabled backend; empty: the portal's default.")
     cluster = forms.CharField(max_length=100, required=False,
                               help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")
-    time_limit_minutes = forms.IntegerField(required=False, min_value=1)
+    time_limit_minutes = forms.IntegerField(required=False, min_value=1, label="Time limit (minutes)")
     gpu_model = forms.CharField(max_length=100, required=False, label="GPU model",
                                 help_text="Only GPUs whose name contains this, e.g. A100; empty: any.")
     group = forms.CharField(max_length=150, required=False,
@@ -322,8 +322,10 @@ class JobPageForm(JobForm):
     image = forms.ModelChoiceField(queryset=Image.objects.filter(enabled=True), empty_label=None)
     script = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     script_file = forms.FileField(required=False, label="or upload a script (.py)")
-    args = ArgsTextField(required=False, widget=forms.TextInput, help_text="Split like a command line; no shell runs them.")
-    env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), help_text="One NAME=value per line.")
+    args = ArgsTextField(required=False, widget=forms.TextInput, label="Arguments",
+                         help_text="Split like a command line; no shell runs them.")
+    env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Environment variables",
+                       help_text="One NAME=value per line.")
 
     group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
     backend = forms.ChoiceField(required=False)
