@@ -66,3 +66,44 @@ def describe(job, exited):
     tail = last_lines(job, rank=None, count=1)
     reason = (exited.detail or f"exited with code {exited.code}") + cause + (f": {tail[-1]}" if tail else "")
     return {"exit_code": exited.code, "reason": reason[:500]}
+
+
+SILENT_SECONDS = 10          # a rank quiet this long (and twice as long as the rest) is named
+RANKS_LOOKED_AT = 64
+
+
+def time_limit_reason(job, now=None):
+    """`time limit of 30 minutes exceeded; rank 1 printed nothing for the last 25 min (its last
+    line: '...')`: which rank hung, where one did, else that they were all still printing."""
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    minutes = job.time_limit_minutes
+    reason = f"time limit of {minutes} minute{'' if minutes == 1 else 's'} exceeded"
+    if job.gpus > RANKS_LOOKED_AT:
+        return reason
+    last = {}
+    for rank in range(job.gpus):
+        line = LogLine.objects.filter(job=job, rank=rank).order_by("-seq").values_list("ts", "text").first()
+        if line:
+            last[rank] = line
+    never = [rank for rank in range(job.gpus) if rank not in last]
+    if never:
+        return f"{reason}; {_ranks(never)} printed nothing at all"
+    silent = sorted(((now - ts).total_seconds(), rank, text) for rank, (ts, text) in last.items())
+    longest, rank, text = silent[-1]
+    rest = silent[-2][0] if len(silent) > 1 else 0
+    if longest >= SILENT_SECONDS and longest >= 2 * rest:
+        return f"{reason}; rank {rank} printed nothing for the last {_duration(longest)} (its last line: {text[:120]!r})"
+    return f"{reason}; every rank printed within the last {_duration(longest)}"
+
+
+def _ranks(ranks):
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _duration(seconds):
+    seconds = max(0, round(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    return f"{round(seconds / 60)} min"

@@ -185,14 +185,14 @@ def _follow_events(job_id, me, runner, spec, job, splitter, offset):
             if not heartbeat(job_id, me):
                 lost = True
                 break
-            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes").get(pk=job_id)
+            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus").get(pk=job_id)
             if job.cancel_requested and stop_reason is None:
                 stop_reason = "cancel"
                 runner.cancel(spec)
             elif stop_reason is None and job.started_at and timezone.now() - job.started_at > timedelta(
                 minutes=job.time_limit_minutes
             ):
-                stop_reason = f"time limit of {job.time_limit_minutes} minutes exceeded"
+                stop_reason = failure.time_limit_reason(job)
                 runner.cancel(spec)
     return lost
 

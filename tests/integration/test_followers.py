@@ -6,6 +6,7 @@ The worker tests run a web server and workers of their own, on a queue of their 
 timeouts (the follower goes stale after 3 s, a launch may take 3 s), so they need not wait for
 the defaults."""
 import os
+import re
 import signal
 import socket
 import threading
@@ -225,5 +226,33 @@ def test_a_job_over_its_time_limit_is_stopped(api):
 
     job = wait_state(job_id, ENDED, timeout=60)
     assert job.state == State.FAILED
-    assert job.reason == "time limit of 1 minutes exceeded"
+    assert re.fullmatch(r"time limit of 1 minute exceeded; every rank printed within the last \d s", job.reason)
     assert job_processes(job_id) == []
+
+
+RANK_1_HANGS = b"""
+import os, sys, time
+rank = int(os.environ["HOROVOD_RANK"])
+print(f"rank {rank} starts", flush=True)
+if rank == 1:
+    print("rank 1 waits for data that never comes", flush=True)
+    time.sleep(600)
+for i in range(3000):
+    print(f"rank 0 step {i}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_rank_that_hangs_past_the_time_limit_is_named(api):
+    api.a_worker()
+    job_id = submit(api, gpus=2, script=upload(api, RANK_1_HANGS, "hang.py"), time_limit_minutes=1)
+    wait_for(lambda: LogLine.objects.filter(job_id=job_id, rank=1, text__contains="never").exists(), timeout=120,
+             message="rank 1 to print")
+    # As if rank 1 had said its last line 30 s ago and the job had started two minutes ago.
+    LogLine.objects.filter(job_id=job_id, rank=1).update(ts=timezone.now() - timedelta(seconds=30))
+    Job.objects.filter(pk=job_id).update(started_at=timezone.now() - timedelta(minutes=2))
+
+    job = wait_state(job_id, ENDED, timeout=60)
+    assert job.state == State.FAILED
+    assert re.fullmatch(r"time limit of 1 minute exceeded; rank 1 printed nothing for the last 3\d s "
+                        r"\(its last line: 'rank 1 waits for data that never comes'\)", job.reason), job.reason
