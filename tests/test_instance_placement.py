@@ -183,13 +183,3 @@ def test_with_no_instance_the_backend_is_not_offered_and_the_api_says_what_an_ad
     instance("gpu-b", 2)
     assert 'value="instances"' in client.get("/jobs/new/").content.decode()
     assert api.post("/api/jobs/", body, format="json").status_code == 201
-
-
-def test_a_job_of_a_few_seconds_is_sampled_twice_in_its_first_two_seconds():
-    """A CPU rate needs two readings; a 4-second job still shows something on its System charts."""
-    from itertools import islice
-
-    from jobs.domain.telemetry import Sampler
-
-    assert list(islice(Sampler(1, None, interval=5)._delays(), 4)) == [1.0, 1.0, 5, 5]
-    assert list(islice(Sampler(1, None, interval=0.5)._delays(), 3)) == [0.5, 0.5, 0.5]

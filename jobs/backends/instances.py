@@ -17,7 +17,7 @@ from runners import ssh
 
 from jobs import taskqueue
 from jobs.backends.base import Admission, Backend, interpreter_problem
-from jobs.backends.placement import HostGpus, models_named
+from jobs.backends.placement import ByGpuModel, HostGpus, models_named, need, release_slots
 from runners.gpus import matches
 from jobs.models import Instance, SlotAllocation
 from jobs.secrets import SecretError
@@ -49,7 +49,7 @@ class Pool:
     def place(self, gpus, model=""):
         """[(instance, slots)] on as few instances as possible (the first runs horovodrun), or
         None with the reason the job waits."""
-        what = f"{gpus} {model} GPUs" if model else f"{gpus} GPUs"
+        what = need(gpus, model)
         if not self.instances:
             return None, f"waiting for instances: needs {what}, no healthy enabled instance" + _unhealthy()
         if model and not any(host.free(model) or any(matches(g["name"], model) for g in host.gpus)
@@ -155,7 +155,7 @@ def check_all():
     return results
 
 
-class InstancesAdmission(Admission):
+class InstancesAdmission(ByGpuModel, Admission):
     """Slots on instances, as few instances as possible: the instance rows are locked (FOR
     UPDATE) the first time a job of the pass needs them; a job that fits gets a placement,
     written as SlotAllocation rows when it is admitted."""
@@ -163,9 +163,6 @@ class InstancesAdmission(Admission):
     def __init__(self, backend, book):
         super().__init__(backend, book)
         self.pool, self.plans = None, {}
-
-    def capacity_key(self, job):
-        return ("capacity", self.backend.name, job.gpu_model.lower())
 
     def why_waiting(self, job):
         if self.pool is None:
@@ -217,7 +214,7 @@ class InstancesBackend(Backend):
         return sorted(names)
 
     def release(self, job_id):
-        SlotAllocation.objects.filter(job_id=job_id).delete()
+        release_slots(job_id)
 
     def runner(self, job):
         allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))

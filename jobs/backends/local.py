@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Sum
 
 from jobs.backends.base import Admission, Backend, interpreter_problem
-from jobs.backends.placement import HostGpus, models_named
+from jobs.backends.placement import ByGpuModel, HostGpus, need, release_slots
 from jobs.models import SlotAllocation
 from runners import gpus, sandbox
 from runners.local import LocalRunner
@@ -68,15 +68,12 @@ def slots():
     return (settings.RINGMASTER_LOCAL_CPU_SLOTS if override is None else override), False
 
 
-class LocalAdmission(Admission):
+class LocalAdmission(ByGpuModel, Admission):
     """The machine's GPUs, by index (lowest free first); CPU slots are counted as before."""
 
     def __init__(self, backend, book):
         super().__init__(backend, book)
         self.host, self.plans = None, {}
-
-    def capacity_key(self, job):
-        return ("capacity", self.backend.name, job.gpu_model.lower())
 
     def _host(self):
         if self.host is None:
@@ -97,9 +94,8 @@ class LocalAdmission(Admission):
         free = host.free(job.gpu_model)
         if free >= job.gpus:
             return None
-        what = f"{job.gpus} {job.gpu_model} GPUs" if job.gpu_model else f"{job.gpus} GPUs"
         return (f"waiting for capacity: {host.slots - host.free_slots} of {host.slots} GPUs of this machine in "
-                f"use, this job needs {what} ({free} free)")
+                f"use, this job needs {need(job.gpus, job.gpu_model)} ({free} free)")
 
     def admitted_message(self, job):
         host = self._host()
@@ -149,7 +145,7 @@ class LocalBackend(Backend):
         return interpreter_problem(image, "this machine")
 
     def release(self, job_id):
-        SlotAllocation.objects.filter(job_id=job_id).delete()
+        release_slots(job_id)
 
     def runner(self, job):
         return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI,

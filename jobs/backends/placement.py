@@ -6,6 +6,7 @@ active job holds. A host whose inventory is empty (no nvidia-smi: CPU slots) off
 slots without indices. Picking is deterministic (lowest free indices first), so what a job gets
 can be read off its allocation and the reasons a job waits are stable.
 """
+from jobs.models import SlotAllocation
 from runners.gpus import matches
 
 
@@ -48,3 +49,21 @@ class HostGpus:
 
 def models_named(names):
     return ", ".join(names) if names else "none (no GPU seen by nvidia-smi)"
+
+
+def need(gpus, model=""):
+    """What a job asks for, in a reason: "4 GPUs", or "4 A100 GPUs"."""
+    return f"{gpus} {model} GPUs" if model else f"{gpus} GPUs"
+
+
+def release_slots(job_id):
+    """Free what a job holds on hosts (its SlotAllocation rows, with their indices)."""
+    SlotAllocation.objects.filter(job_id=job_id).delete()
+
+
+class ByGpuModel:
+    """Admission on hosts with GPUs by model: a waiting job reserves capacity of its model only,
+    so a job asking for another model (or for any) is not held behind it."""
+
+    def capacity_key(self, job):
+        return ("capacity", self.backend.name, job.gpu_model.lower())
