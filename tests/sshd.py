@@ -44,6 +44,11 @@ class Sshd:
         self.host_key = keygen(self.directory / f"host_key_{address}")
         authorized = self.directory / "authorized_keys"
         authorized.write_text(Path(user_public_key).read_text())
+        # A HOME of its own, empty as on a fresh instance: root's own ~/.bashrc (which bash reads
+        # for every ssh command) may run `pyenv rehash`, whose lock file a login killed mid-way (a
+        # host the tests kill, a job they cancel) leaves behind, and every later login waits 60 s.
+        self.home = self.directory / "home"
+        self.home.mkdir(exist_ok=True)
         self.config = self.directory / f"sshd_config_{address}"
         self.config.write_text("\n".join([
             f"ListenAddress {address}",
@@ -60,7 +65,7 @@ class Sshd:
             "PrintMotd no",
             "MaxStartups 100:30:200",
             "MaxSessions 100",
-            f"SetEnv PATH={VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+            f"SetEnv PATH={VENV_BIN}:/usr/local/bin:/usr/bin:/bin HOME={self.home}",
             *(["Subsystem sftp internal-sftp"] if sftp else []),   # off: an sshd that offers exec only
             "LogLevel ERROR",
         ]) + "\n")
