@@ -202,10 +202,11 @@ if [ -n "$free" ] && [ "$free" -lt "$2" ]; then
 fi
 pwd
 """
-# Write stdin to file $2 in directory $1, atomically.
+# Write stdin to file $2 in directory $1, atomically (a temporary file of this shell's own: two
+# runners launching the same job at once each write theirs).
 UPLOAD = r"""
 cd -- "$1" || exit 3
-cat > ".$2.tmp" && mv -f -- ".$2.tmp" "$2"
+cat > ".$2.$$.tmp" && mv -f -- ".$2.$$.tmp" "$2"
 """
 # Start horovodrun once. $1 dir, $2 setup line, then `env NAME=value...` and horovodrun's argv.
 # `mkdir launched` is atomic: a retried launch finds it and only reports the pid.
