@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from jobs.backends import instances
 from jobs.models import Instance, Job, SlotAllocation, State, SystemSample
@@ -179,9 +180,11 @@ def test_telemetry_of_a_job_on_this_machines_gpus_reaches_the_metrics_api_with_a
 def test_without_gpus_a_job_shows_the_cpu_and_memory_of_its_processes(http, tmp_path):
     job_id = submit(http, gpus=2)
     bindings(job_id, 2)
-    samples = wait_for(lambda: (s := list(SystemSample.objects.filter(job_id=job_id, utilization__isnull=False)))
-                       and s, timeout=60, message="a CPU sample")
-    assert {(s.host, s.device) for s in samples} == {("localhost", "cpu")}
+    loaded = timezone.now()                  # both ranks have torch loaded (samples before may not)
+    samples = wait_for(lambda: (s := list(SystemSample.objects.filter(job_id=job_id, utilization__isnull=False,
+                                                                      ts__gt=loaded))) and s,
+                       timeout=60, message="a CPU sample after the ranks started")
+    assert {(s.host, s.device) for s in SystemSample.objects.filter(job_id=job_id)} == {("localhost", "cpu")}
     assert all(s.memory_used > 50 and s.memory_total > s.memory_used for s in samples)   # two python+torch ranks
     go(job_id)
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
