@@ -43,6 +43,15 @@ class HostGpus:
         self.free_slots = len(self.free_gpus)
         return taken
 
+    def give_back(self, count, indices=()):
+        """Free `count` slots a job held (with their `indices` on a host with GPUs)."""
+        if not self.bound:
+            self.free_slots += count
+            return
+        returned = [gpu for gpu in self.gpus if gpu["index"] in set(indices)]
+        self.free_gpus = sorted(self.free_gpus + returned, key=lambda gpu: gpu["index"])
+        self.free_slots = len(self.free_gpus)
+
     def models(self):
         return sorted({gpu["name"] for gpu in self.gpus})
 

@@ -20,6 +20,8 @@ from jobs.web.serializers import (
 )
 
 MAX_LOG_LIMIT = 10000
+MAX_CONTEXT = 20          # lines around a search hit
+MAX_CONTEXT_HITS = 200    # hits in one page with context: each may cost two small queries
 # Every endpoint: no credentials (401), or credentials that do not work (403).
 REFUSED = {401: DetailSerializer, 403: DetailSerializer}
 
@@ -115,7 +117,13 @@ class JobLogs(APIView):
                                                     "(the tail of the log, or the page above a line)."),
         OpenApiParameter("rank", str, description='A rank number, or "launcher".'),
         OpenApiParameter("q", str, description="Only lines containing this text (case-insensitive)."),
-        OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT})."),
+        OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT}); "
+                                                   f"with `context`, this many hits (max {MAX_CONTEXT_HITS})."),
+        OpenApiParameter("hide_metrics", bool, description="Leave out the `RINGMASTER_METRIC {...}` lines."),
+        OpenApiParameter("context", int, description=f"With `q`: also up to this many lines (max {MAX_CONTEXT}) "
+                                                     "before and after each hit, of the same rank filter, as "
+                                                     "grep -C; every line then carries `hit`. `next` and "
+                                                     "`prev` follow the hits."),
     ], responses={200: LogPageSerializer, 400: ErrorsSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         """`next` is the seq to pass as `since` for the following page; `prev` the one to pass
@@ -126,6 +134,8 @@ class JobLogs(APIView):
         before = params_.integer(params, "before", errors)
         limit = params_.integer(params, "limit", errors, default=1000, bounds=(1, MAX_LOG_LIMIT))
         query = params_.text(params, "q", errors)
+        context = params_.integer(params, "context", errors, default=0, bounds=(0, MAX_CONTEXT))
+        hide_metrics = params_.boolean(params, "hide_metrics", errors)
         rank = logquery.ALL_RANKS
         try:
             rank = logquery.parse_rank(params.get("rank"))
@@ -133,9 +143,15 @@ class JobLogs(APIView):
             errors["rank"] = ['Must be a rank number or "launcher".']
         if errors:
             return Response(errors, status=status.HTTP_400_BAD_REQUEST)
-        page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=query)
+        context = context if query else 0
+        limit = min(limit, MAX_CONTEXT_HITS) if context else limit
+        page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=query,
+                                 hide_metrics=hide_metrics)
+        shown = page
+        if context:
+            shown = logquery.with_context(job, page, context, text=query, rank=rank, hide_metrics=hide_metrics)
         return Response({
-            "lines": LogLineSerializer(page, many=True).data,
+            "lines": LogLineSerializer(shown, many=True).data,
             "next": page[-1].seq if page else since,
             "prev": page[0].seq if page else (before if before is not None else since + 1),
         })

@@ -45,6 +45,17 @@ def integer(params, name, errors, default=None, bounds=BIGINT):
     return int(value)
 
 
+def boolean(params, name, errors, default=False):
+    """A yes/no query parameter: 1/true/yes or 0/false/no (any case), or `default` when absent."""
+    value = params.get(name, "").lower()
+    if value == "":
+        return default
+    if value in ("1", "true", "yes", "0", "false", "no"):
+        return value in ("1", "true", "yes")
+    errors[name] = ["Must be true or false (1 or 0)."]
+    return default
+
+
 def plain_digits(value):
     """True for a string of ASCII digits: what int() reads as an id (str.isdigit() also takes ²)."""
     return isinstance(value, str) and value.isascii() and value.isdigit()

@@ -2,11 +2,11 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs.web import usage_views, views
+from jobs.web import joblist, settings_views, usage_views, views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
-    path("", views.job_list, name="job-list"),
+    path("", joblist.job_list, name="job-list"),
     path("jobs/", RedirectView.as_view(pattern_name="job-list", query_string=True)),
     path("favicon.ico", RedirectView.as_view(url=static("ringmaster/favicon.svg"), permanent=True)),
     path("jobs/new/", views.job_new, name="job-new"),
@@ -16,6 +16,7 @@ urlpatterns = [
     path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
     path("usage/", usage_views.my_usage, name="my-usage"),
+    path("settings/", settings_views.settings_page, name="settings"),
     path("usage.csv", usage_views.usage_csv, name="usage-csv"),
     path("cluster/", usage_views.cluster, name="cluster"),
 ]

@@ -32,11 +32,12 @@ def browser(monkeypatch):
 
 @pytest.fixture
 def log_in(browser, live_portal):
-    """log_in(user[, portal_url]) -> a page of a fresh browser context, logged in through the
-    login form of the portal at portal_url (the session's live portal by default)."""
+    """log_in(user[, portal_url][, **context options]) -> a page of a fresh browser context,
+    logged in through the login form of the portal at portal_url (the session's live portal by
+    default); options such as viewport= or timezone_id= go to Playwright's new_context."""
 
-    def log_in_as(user, portal_url=live_portal):
-        context = browser.new_context(viewport=VIEWPORT, base_url=portal_url)
+    def log_in_as(user, portal_url=live_portal, **options):
+        context = browser.new_context(**({"viewport": VIEWPORT} | options), base_url=portal_url)
         page = context.new_page()
         page.set_default_timeout(30_000)
         page.goto("/login/")

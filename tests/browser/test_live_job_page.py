@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from jobs.domain import states
 from jobs.domain.logstore import append_output
@@ -20,14 +21,20 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def job(alice, image):
-    script = Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=1, content="x")
-    job = Job.objects.create(owner=alice, name="live one", image=image, gpus=2, script=script,
-                             time_limit_minutes=30)
+def running_job(owner, image, **fields):
+    """A job of `owner` that is RUNNING (2 GPUs unless `fields` say otherwise), as its follower
+    would have moved it, with its viewers told."""
+    script = Script.objects.create(owner=owner, name="train.py", sha256="0" * 64, size=1, content="x")
+    job = Job.objects.create(owner=owner, image=image, script=script, time_limit_minutes=30,
+                             **({"gpus": 2} | fields))
     off_loop(states.transition, job.pk, State.LAUNCHING)
     off_loop(states.transition, job.pk, State.RUNNING)
     return job
+
+
+@pytest.fixture
+def job(alice, image):
+    return running_job(alice, image, name="live one")
 
 
 def off_loop(function, *args, **kwargs):
@@ -111,11 +118,13 @@ def test_lines_appear_live_and_the_rank_filter_and_search_follow_them(log_in, jo
     expect(page.locator("#log .line", has_text="rank 0 live")).to_have_count(0)
 
     page.select_option("#rank-filter", "")
-    page.fill("#log-search", "LIVE")
-    expect(page.locator("#log .line")).to_have_count(2)
-    expect(page.locator("#log .line mark")).to_have_text(["live", "live"])
+    page.fill("#log-search", "LIVE")                  # hits, each with the two lines around it
+    expect(page.locator("#log .line.hit")).to_have_count(2)
+    expect(page.locator("#log .line.hit mark")).to_have_text(["live", "live"])
+    assert rendered_seqs(page) == [10, 11, 12, 13]
     store(job, [(0, "not this"), (1, "live again")])
-    expect(page.locator("#log .line")).to_have_count(3)
+    expect(page.locator("#log .line.hit")).to_have_count(3)
+    assert rendered_seqs(page) == [10, 11, 12, 13, 14, 15]
     page.fill("#log-search", "")
     expect(page.locator("#log .line")).to_have_count(16)
     assert rendered_seqs(page) == list(range(16))
@@ -189,11 +198,11 @@ def test_a_million_line_log_opens_at_the_tail_and_pages_older_lines_on_scroll(lo
 
     # Rank filter and search run on the server over the whole log, not only the loaded part.
     page.fill("#log-search", "line 12345")
-    expect(page.locator("#log .line")).to_have_text(
-        [f"{seq % 2}line {seq}" for seq in sorted(s for s in range(total) if "line 12345" in f"line {s}")])
+    expect(page.locator("#log .line.hit")).to_have_text(
+        [f"↪{seq % 2}line {seq}" for seq in sorted(s for s in range(total) if "line 12345" in f"line {s}")])
     page.check("#log-follow")
     store(job, [(1, "line 12345 again, live")])
-    expect(page.locator("#log .line").last).to_have_text("1line 12345 again, live")
+    expect(page.locator("#log .line.hit").last).to_have_text("↪1line 12345 again, live")
 
 
 def test_the_page_reconnects_after_a_web_server_restart_and_misses_nothing(log_in, job, alice,
@@ -222,6 +231,9 @@ def test_cancel_asks_first_then_cancels_in_place_and_the_live_dot_stops_when_the
     expect(page.locator("#cancel-form")).to_be_visible()
     assert not Job.objects.get(pk=job.pk).cancel_requested
 
+    # A live follower holds the job (on another host), so it stays "cancelling" until that
+    # follower sees its processes end (played below), whatever a worker of the session does.
+    Job.objects.filter(pk=job.pk).update(follower="another-host:1:1", follower_heartbeat=timezone.now())
     asked = []
     page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
     page.click("#cancel-form button")

@@ -1,6 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from rest_framework.authtoken.models import Token
+
+from jobs.domain import tokens
 
 
 class Command(BaseCommand):
@@ -13,5 +14,4 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}")
-        Token.objects.filter(user=user).delete()
-        self.stdout.write(Token.objects.create(user=user).key)
+        self.stdout.write(tokens.issue(user).key)
