@@ -32,7 +32,8 @@ HTTP_TIMEOUT = 30
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 5.0
 GIVE_UP_AFTER = 300          # seconds without reaching the portal before `logs -f` stops trying
 TOKEN_HELP = ("Set RINGMASTER_TOKEN, or `token = <key>` in the [ringmaster] section of {path}. "
-              "An admin creates a key with `python manage.py create_api_token <username>`.")
+              "Make a key on the portal's Settings page (/settings/), or an admin runs "
+              "`python manage.py create_api_token <username>`.")
 
 
 class CliError(Exception):
@@ -307,7 +308,8 @@ def cmd_submit(client, args):
             script = client.request("POST", "/api/scripts/", expect=(201,), files={"file": (path.name, handle)})
         body["script"] = script["id"]
     for key, value in (("name", args.name), ("backend", args.backend), ("cluster", args.cluster),
-                       ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit)):
+                       ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit),
+                       ("max_gpus", args.max_gpus)):
         if value is not None:
             body[key] = value
     if args.env:
@@ -328,6 +330,13 @@ def cmd_logs(client, args):
     return 0
 
 
+def _gpus_cell(job):
+    """"4", or for an elastic job its size now and its bounds: "3 (2..4)"."""
+    if not job.get("max_gpus"):
+        return str(job["gpus"])
+    return f"{job.get('size') or job['gpus']} ({job['gpus']}..{job['max_gpus']})"
+
+
 def cmd_ls(client, args):
     params = {"limit": args.limit} | ({"state": args.state} if args.state else {})
     page = client.request("GET", "/api/jobs/", params=params)
@@ -335,8 +344,9 @@ def cmd_ls(client, args):
     if not jobs:
         warn("no jobs")
         return 0
+    warn(f"times in {local_zone()}")
     rows = [("ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON")]
-    rows += [(str(job["id"]), job["name"] or "-", job["state"], str(job["gpus"]), job["backend"],
+    rows += [(str(job["id"]), job["name"] or "-", job["state"], _gpus_cell(job), job["backend"],
               _local_time(job["created_at"]), " ".join((job["reason"] or "").split())) for job in jobs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
@@ -356,6 +366,29 @@ def cmd_cancel(client, args):
     else:
         print(f"job {job['id']}: cancel requested; its processes are being stopped")
     return 0
+
+
+def local_zone(now=None):
+    """The zone _local_time() prints in, named: "Asia/Kolkata (UTC+05:30)", "CET (UTC+01:00)"."""
+    now = now or datetime.now().astimezone()
+    offset = now.strftime("%z") or "+0000"
+    offset = f"UTC{offset[:3]}:{offset[3:5]}"
+    name = _zone_name() or now.tzname()
+    return f"{name} ({offset})" if name and not name.startswith(("+", "-", "UTC+", "UTC-")) else offset
+
+
+def _zone_name():
+    """The IANA name of this machine's zone, from $TZ or /etc/localtime, where it says one."""
+    named = os.environ.get("TZ", "").lstrip(":")
+    if named and ("/" in named or named.upper() in ("UTC", "GMT")) and not named.startswith("/"):
+        return named
+    if named:
+        return None                     # a POSIX rule ("EST5EDT"): the abbreviation says more
+    try:
+        target = os.readlink("/etc/localtime")
+    except OSError:
+        return None
+    return target.partition("zoneinfo/")[2] or None
 
 
 def _local_time(value):
@@ -406,6 +439,9 @@ def build_parser():
     submit.add_argument("--script-path", help="run this path inside the image instead of uploading")
     submit.add_argument("--image", required=True, help="image name or id (see the portal's catalog)")
     submit.add_argument("--gpus", required=True, type=int, help="number of GPUs (one process each)")
+    submit.add_argument("--max-gpus", type=int, metavar="N",
+                        help="make the job elastic: it may grow to N GPUs (--gpus is its minimum); "
+                             "the script must use hvd.elastic")
     submit.add_argument("--name", help="a name for the job")
     submit.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
                         help="an environment variable of the job (repeatable)")
@@ -425,7 +461,7 @@ def build_parser():
                       help="stream new lines until the job ends; exit 0 if it succeeded, else 1")
     logs.add_argument("--rank", type=_rank, help='only this rank ("launcher": horovodrun\'s own lines)')
 
-    ls = commands.add_parser("ls", help="list your jobs, newest first")
+    ls = commands.add_parser("ls", help="list your jobs, newest first (times in this machine's zone, named on stderr)")
     ls.add_argument("--state", help="only jobs in this state (e.g. RUNNING)")
     ls.add_argument("--limit", type=_positive, default=50, help="at most this many (default 50)")
 

@@ -72,7 +72,13 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=100, blank=True)
     image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="jobs")
-    gpus = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField(help_text="GPUs the job needs; an elastic job's minimum.")
+    max_gpus = models.PositiveIntegerField(null=True, blank=True, verbose_name="most GPUs",
+                                           help_text="Elastic: the job may grow to this many GPUs; blank: fixed size.")
+    size = models.PositiveIntegerField(null=True, blank=True, verbose_name="current GPUs",
+                                       help_text="GPUs the job holds while admitted (an elastic job's changes).")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns",
+                               help_text="The job this one was rerun from.")
     script = models.ForeignKey(Script, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     script_path = models.CharField(max_length=1024, blank=True)
     args = models.JSONField(default=list, blank=True)
@@ -150,6 +156,7 @@ class JobEvent(models.Model):
     ts = models.DateTimeField(auto_now_add=True)
     state = models.CharField(max_length=20, choices=State.choices, blank=True)
     message = models.TextField(blank=True)
+    gpus = models.PositiveIntegerField(null=True, blank=True, help_text="The job's size from this event on.")
 
     class Meta:
         ordering = ["ts", "id"]

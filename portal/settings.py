@@ -229,6 +229,10 @@ RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # A job stuck in LAUNCHING this long fails.
 RINGMASTER_LAUNCH_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_LAUNCH_TIMEOUT_SECONDS", "300"))
+# An elastic job is resized only once it has run this long: Horovod's driver drops a change of
+# hosts it sees before rank 0 is ready for it (it logs "no coordinator client, skipping
+# notifications" and never sends it again), so the ranks must be up first.
+RINGMASTER_ELASTIC_SETTLE_SECONDS = float(os.environ.get("RINGMASTER_ELASTIC_SETTLE_SECONDS", "30"))
 # Fernet keys (comma separated, the first encrypts) for secrets stored in the database: the SSH
 # private keys of instances and kubeconfigs (jobs.secrets). Embedded: one kept in DATA_DIR.
 RINGMASTER_FERNET_KEYS = os.environ.get("RINGMASTER_FERNET_KEYS") or (

@@ -29,6 +29,9 @@ class JobSpec:
     # The GPU indices the job owns on each of its hosts, in host order (the first runs
     # horovodrun); () where it owns no GPUs of its own (CPU slots, Kubernetes' device plugin).
     gpu_binding: tuple[tuple[int, ...], ...] = ()
+    # Elastic jobs: `gpus` is the size now, between min_gpus and max_gpus (None: a fixed size).
+    min_gpus: int | None = None
+    max_gpus: int | None = None
 
     @property
     def name(self):
@@ -62,17 +65,33 @@ class JobSpec:
     def bound(self):
         return any(self.gpu_binding)
 
+    @property
+    def elastic(self):
+        return self.max_gpus is not None
+
+    def gpu_map(self, host_names):
+        """RINGMASTER_GPU_MAP's value for hosts named as horovodrun names them (in host order)."""
+        return binding_env(dict(zip(host_names, self.gpu_binding)))
+
     def binding_env(self, host_names):
         """{RINGMASTER_GPU_MAP: ...} for hosts named as horovodrun's -H names them (in host
-        order), or {} for a job that owns no GPUs."""
+        order), or {} for a job that owns no GPUs. An elastic job's GPUs change while it runs:
+        its ranks read them from GPU_MAP_FILE in the job folder (Runner.resize rewrites it)."""
         if not self.bound:
             return {}
-        return {GPU_MAP: binding_env(dict(zip(host_names, self.gpu_binding)))}
+        if self.elastic:
+            return {GPU_MAP_FILE_VAR: GPU_MAP_FILE}
+        return {GPU_MAP: self.gpu_map(host_names)}
 
 
 RANK_MODULE = "ringmaster_rank"
 ARGV_FILE = "argv.json"
 GPU_MAP = "RINGMASTER_GPU_MAP"
+GPU_MAP_FILE_VAR, GPU_MAP_FILE = "RINGMASTER_GPU_MAP_FILE", "gpu_map"
+# Elastic jobs: horovodrun asks this script in the job folder which hosts and slots the job has
+# now; it prints HOSTS_FILE, which the portal rewrites on every resize (Runner.resize).
+DISCOVERY_SCRIPT, HOSTS_FILE = "discover_hosts.sh", "hosts"
+DISCOVERY_SCRIPT_TEXT = '#!/bin/sh\nexec cat "$(dirname "$0")/hosts"\n'
 
 # What every launcher wraps horovodrun in: record its exit code atomically (a reader sees no file
 # or the whole code). User words never enter this string: they are positional parameters,
@@ -89,8 +108,14 @@ def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
     timeout, then the rank launcher (no word of the user: those are in the job folder's argv file). `launcher` is how horovodrun is started
     (["horovodrun"] or [python, "-m", "horovod.runner.launch"]); `extra` are more options
     (ssh port and key, network interface), which must come before the training command."""
+    if spec.elastic:
+        # The hosts come from the discovery script; no reset limit (every resize is a reset).
+        where = ["--min-np", str(spec.min_gpus), "--max-np", str(spec.max_gpus),
+                 "--host-discovery-script", f"./{DISCOVERY_SCRIPT}"]
+    else:
+        where = ["-H", hosts]
     return [
-        *launcher, "--gloo", "-np", str(spec.gpus), "-H", hosts, *extra,
+        *launcher, "--gloo", "-np", str(spec.gpus), *where, *extra,
         "--disable-cache", "--start-timeout", str(start_timeout),
         *spec.rank_command(),
     ]
@@ -153,6 +178,11 @@ class Runner(ABC):
     @abstractmethod
     def cancel(self, spec: JobSpec) -> None:
         """Stop every process of the job and return once none is left."""
+
+    def resize(self, spec: JobSpec) -> None:
+        """Make an elastic job's hosts what `spec` says (spec.gpus, spec.gpu_binding) from now on;
+        idempotent. Only runners of backends with `elastic` implement it."""
+        raise NotImplementedError(f"{self.name} does not resize jobs")
 
     def system_probe(self, spec: JobSpec):
         """Something with sample() -> [runners.telemetry.Sample] and close(), that looks at the

@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 
 from . import gpus, telemetry
-from .base import EXIT_CODE_WRAPPER, JOB_DIR_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv
+from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
+                   JOB_DIR_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
 from .base import JOB_MARKER as JOB_ID
 
 # What cancel() looks for: the job's own folder, unique to this portal's jobs folder, so two
@@ -39,6 +40,7 @@ WRAPPER = EXIT_CODE_WRAPPER
 
 class LocalRunner(Runner):
     name = "local"
+    HOSTS = "localhost:{}"
 
     def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi",
                  sandbox=None):
@@ -54,8 +56,10 @@ class LocalRunner(Runner):
 
     def command(self, spec):
         """horovodrun's argv: one process per GPU slot on localhost."""
-        return horovodrun_argv([spec.python, "-m", "horovod.runner.launch"], spec, f"localhost:{spec.gpus}",
-                               self.start_timeout)
+        # Elastic mode probes the network interfaces first and hangs here without one named.
+        extra = ["--network-interface", "lo"] if spec.elastic else []
+        return horovodrun_argv([spec.python, "-m", "horovod.runner.launch"], spec, self.HOSTS.format(spec.gpus),
+                               self.start_timeout, extra)
 
     def environment(self, spec):
         """A clean environment: the portal's own secrets (database URL, keys) never reach a job."""
@@ -103,6 +107,11 @@ class LocalRunner(Runner):
                 (directory / spec.script_name).write_text(spec.script_content)
             name, content = spec.argv_file()
             (directory / name).write_bytes(content)
+            if spec.elastic:
+                script = directory / DISCOVERY_SCRIPT
+                script.write_text(DISCOVERY_SCRIPT_TEXT)
+                script.chmod(0o755)
+                self.resize(spec)
             with open(directory / "output.log", "ab") as output:
                 isolation = self.sandbox.argv(directory, keep=self._needs(spec)) if self.sandbox else []
                 process = subprocess.Popen(
@@ -116,7 +125,14 @@ class LocalRunner(Runner):
             tmp.rename(pid_file)
             # Reap it when it ends, so no zombie lingers while this worker lives.
             threading.Thread(target=process.wait, daemon=True).start()
-            return Started(f"horovodrun started on this machine with {spec.gpus} processes (pid {process.pid})")
+            elastic = f", elastic: {spec.min_gpus} to {spec.max_gpus}" if spec.elastic else ""
+            return Started(f"horovodrun started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
+
+    def resize(self, spec):
+        directory = self.job_dir(spec)
+        _replace(directory / HOSTS_FILE, self.HOSTS.format(spec.gpus) + "\n")
+        if spec.bound:
+            _replace(directory / GPU_MAP_FILE, spec.gpu_map(["localhost"]) + "\n")
 
     def _launcher_alive(self, directory):
         try:
@@ -209,6 +225,13 @@ class LocalRunner(Runner):
             self._signal_all(alive, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=1)
         raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")
+
+
+def _replace(path, text):
+    """Write a file a running job reads whole, atomically (it sees the old text or the new)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
 
 
 class LocalProbe:

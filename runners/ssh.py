@@ -34,8 +34,8 @@ from pathlib import Path
 import paramiko
 
 from . import gpus, telemetry
-from .base import (EXIT_CODE_WRAPPER, JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Status, Waiting,
-                   horovodrun_argv)
+from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
+                   JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Status, Waiting, horovodrun_argv)
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
@@ -319,6 +319,10 @@ def check(host, timeout=10.0):
         code, out, err = execute(client, sh(script, host.setup or ":", host.work_dir, str(MIN_FREE_KB),
                                             NVIDIA_SMI_MARK, *gpus.inventory_argv()),
                                  timeout=max(timeout, 90))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        # The host went away while it was being checked (the session closed under it).
+        raise InstanceError(f"{host.where()}: the connection broke during the check: "
+                            f"{exc or type(exc).__name__}") from None
     finally:
         client.close()
     said = out.partition(NVIDIA_SMI_MARK + "\n")[2] if NVIDIA_SMI_MARK in out else ""
@@ -419,22 +423,23 @@ class SSHRunner(Runner):
             self.learned_host_keys[host.name] = seen
         return client
 
-    def host_names(self):
-        """The hosts as horovodrun's -H names them (and HOROVOD_HOSTNAME tells each rank)."""
-        if len(self.hosts) == 1:
+    def host_names(self, spec=None):
+        """The hosts as horovodrun's -H names them (and HOROVOD_HOSTNAME tells each rank). An
+        elastic job's hosts may change, so they are always named by address."""
+        if len(self.hosts) == 1 and not (spec and spec.elastic):
             # One host: horovodrun starts every rank locally, no SSH between hosts needed.
             return ["localhost"]
         return [h.address for h in self.hosts]
 
     def host_list(self, spec):
-        if len(self.hosts) == 1:
+        if len(self.hosts) == 1 and not spec.elastic:
             return f"localhost:{spec.gpus}"
-        return ",".join(f"{name}:{h.slots}" for name, h in zip(self.host_names(), self.hosts))
+        return ",".join(f"{name}:{h.slots}" for name, h in zip(self.host_names(spec), self.hosts))
 
     def command(self, spec):
         extra = []
         first = self.first
-        if len(self.hosts) > 1:
+        if len(self.hosts) > 1 or spec.elastic:
             if first.peer_ssh_port:
                 extra += ["-p", str(first.peer_ssh_port)]
             if first.peer_ssh_key:
@@ -446,7 +451,7 @@ class SSHRunner(Runner):
     def environment(self, spec):
         """What the job's processes get on top of the instance's own login environment."""
         env = dict(spec.env)
-        env.update(spec.binding_env(self.host_names()))
+        env.update(spec.binding_env(self.host_names(spec)))
         env.update({"PYTHONUNBUFFERED": "1", JOB_MARKER: str(spec.job_id)})
         return env
 
@@ -471,9 +476,36 @@ class SSHRunner(Runner):
         finally:
             client.close()
 
+    def _write(self, host, spec, files):
+        """Write {name: bytes} into the job's folder on `host`, each atomically."""
+        client = self._connect(host)
+        try:
+            for name, content in files.items():
+                code, out, err = execute(client, sh(UPLOAD, host.job_dir(spec), name), stdin=content)
+                if code != 0:
+                    raise InstanceError(f"{host.where()}: cannot write {name}: {(err or out).strip() or code}")
+        finally:
+            client.close()
+
+    def resize(self, spec):
+        """The job's hosts are this runner's now: each gets the job's folder (a new one its files),
+        the first the hosts file its discovery script prints, and all the GPU map."""
+        for host in self.hosts[1:]:
+            self._prepare(host, spec)
+        names = self.host_names(spec)
+        hosts = "".join(f"{name}:{h.slots}\n" for name, h in zip(names, self.hosts)).encode()
+        self._write(self.first, spec, {HOSTS_FILE: hosts})
+        if spec.bound:
+            for host in self.hosts:
+                self._write(host, spec, {GPU_MAP_FILE: (spec.gpu_map(names) + "\n").encode()})
+
     def launch(self, spec):
         for host in self.hosts:
             self._prepare(host, spec)
+        if spec.elastic:
+            self._write(self.first, spec, {DISCOVERY_SCRIPT: DISCOVERY_SCRIPT_TEXT.encode()})
+            self._make_executable(self.first, spec)
+            self.resize(spec)
         client = self._connect(self.first)
         try:
             env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
@@ -491,8 +523,17 @@ class SSHRunner(Runner):
         if status == "setup-failed":
             return Started(f"the setup line of {self.first.name} failed (see the log)")
         names = ", ".join(f"{h.name}:{h.slots}" for h in self.hosts)
+        where = (f"elastic, {spec.min_gpus} to {spec.max_gpus} processes, hosts from {DISCOVERY_SCRIPT}"
+                 if spec.elastic else f"-H {placement}")
         return Started(f"horovodrun started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
-                       f"processes on {names} (-H {placement})")
+                       f"processes on {names} ({where})")
+
+    def _make_executable(self, host, spec):
+        client = self._connect(host)
+        try:
+            execute(client, sh('cd -- "$1" && chmod +x -- "$2"', host.job_dir(spec), DISCOVERY_SCRIPT))
+        finally:
+            client.close()
 
     def follow(self, spec, offset, cursor=None):
         """Tail output.log on the first host from `offset` (SFTP reads, or exec where the server

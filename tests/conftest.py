@@ -17,6 +17,7 @@ from django.conf import settings
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ELASTIC_SETTLE_SECONDS = 10
 
 
 def pytest_collection_modifyitems(config, items):
@@ -124,6 +125,8 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_ke
         "RINGMASTER_NVIDIA_SMI": str(settings.RINGMASTER_NVIDIA_SMI),
         "RINGMASTER_GPU_CHECK_SECONDS": "0",
         "RINGMASTER_TELEMETRY_SECONDS": "0.5",
+        # Elastic jobs: resized once their ranks are up (the test scripts start in a few seconds).
+        "RINGMASTER_ELASTIC_SETTLE_SECONDS": str(ELASTIC_SETTLE_SECONDS),
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")

@@ -117,6 +117,8 @@ def test_with_two_clusters_the_job_must_name_one(alice_api, cluster, k8s_image):
 @pytest.mark.parametrize(("data", "field", "message"), [
     ({"cluster": "nowhere"}, "cluster", "No enabled cluster 'nowhere'. Available: gpu-east."),
     ({"image": "plain"}, "image", "Image plain has no container image, so it cannot run on Kubernetes."),
+    ({"max_gpus": 32}, "max_gpus",
+     "Kubernetes (MPIJob) does not resize jobs; leave Most GPUs empty."),
 ])
 def test_bad_kubernetes_input_names_the_field(alice_api, cluster, k8s_image, data, field, message):
     Image.objects.create(name="plain")

@@ -62,7 +62,9 @@ def job_spec(job):
     """The plain JobSpec a runner gets (runners never see the database)."""
     return JobSpec(
         job_id=job.pk,
-        gpus=job.gpus,
+        gpus=job.size or job.gpus,
+        min_gpus=job.gpus if job.max_gpus else None,
+        max_gpus=job.max_gpus,
         python=job.image.python,
         script_name=job.script.name if job.script_id else "",
         script_content=job.script.content if job.script_id else None,

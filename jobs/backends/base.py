@@ -33,6 +33,19 @@ class QueuedJob:
     held_by: str | None
     reason: str
     gpu_model: str = ""
+    max_gpus: int | None = None      # elastic: the most it may grow to
+    size: int | None = None          # what an admitted job holds now
+    priority: int = 0
+
+    @property
+    def current(self):
+        return self.size or self.gpus
+
+
+# The Job fields a QueuedJob is made of, in its order (values_list(*QUEUED_JOB_FIELDS)).
+QUEUED_JOB_FIELDS = ("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name", "backend",
+                     "cluster_id", "gpus", "held", "held_by__username", "reason", "gpu_model", "max_gpus", "size",
+                     "priority")
 
 
 class Admission:
@@ -76,6 +89,31 @@ class Admission:
     def charge(self, job):
         """Record what the admitted `job` now holds (its GPUs in the book are counted already)."""
 
+    # --- elastic jobs (Backend.elastic) ---------------------------------------------------------
+    def room(self, job):
+        """How many more GPUs `job` could hold here now (None: no limit of the backend's own)."""
+        if not self._capacity_read:
+            self._capacity, self._capacity_read = self.backend.capacity(), True
+        if self._capacity is None:
+            return None
+        return max(self._capacity - self.book.backend_gpus(self.backend.name), 0)
+
+    def where(self, job):
+        """Where the GPUs a job grows into are, in an event ("on this machine")."""
+        return f"on {self.backend.label}"
+
+    def resize(self, job, size):
+        """Record that the admitted elastic `job` now holds `size` GPUs (was job.current); the
+        book's GPU counts are changed by the scheduler."""
+
+    def lost(self, job):
+        """[(host name, why)] of the hosts a running elastic job lost (it goes on without them)."""
+        return []
+
+    def drop(self, job, name):
+        """Free what the job held on the lost host `name`; returns the GPUs it held there."""
+        raise NotImplementedError
+
 
 def interpreter_problem(image, where):
     """An image for a backend that runs an interpreter (this machine, instances): not a container."""
@@ -99,6 +137,8 @@ class Backend:
     # Whether a running job's hosts are sampled (runner.system_probe); if not, what the page says.
     collects_system_metrics = True
     system_metrics_note = ""
+    # Whether a job may be elastic here (max_gpus): its runner resizes a running job (Runner.resize).
+    elastic = False
 
     def __str__(self):
         return self.name
@@ -161,6 +201,13 @@ class Backend:
         if limit is not None and gpus and gpus > limit and "gpus" not in form.errors:
             form.add_error("gpus", self.too_large(limit))
 
+    def max_gpus_problem(self, most):
+        """Why an elastic job may not grow to `most` GPUs here, or None."""
+        if not self.elastic:
+            return f"{self.label} does not resize jobs; leave Most GPUs empty."
+        limit = self.largest_job()
+        return self.too_large(limit) if limit is not None and most > limit else None
+
     def too_large(self, limit):
         return f"The {self.name} backend runs at most {limit} GPUs per job."
 
@@ -190,6 +237,10 @@ class Backend:
 
     def after_launch(self, job, runner, error=None):
         """Keep what a launch (or a failed one) taught the backend."""
+
+    def watch_hosts(self, job):
+        """Look at the hosts of a running elastic job (its follower asks every few seconds) and
+        record a lost one, for the scheduler to drop (Admission.lost)."""
 
     # --- the job page -------------------------------------------------------------------------
     def links(self, job):

@@ -76,6 +76,51 @@ class Pool:
                 break
         return placement, None
 
+    def grow(self, job_id, count, model=""):
+        """Give a job `count` more slots: first on the instances it runs on, then on others
+        (the fullest first, as place() does). Returns [(instance name, slots added)]."""
+        mine = {a.instance_id: a for a in SlotAllocation.objects.select_for_update().filter(job_id=job_id)}
+        order = sorted(self.hosts, key=lambda pk: (pk not in mine, -self.hosts[pk].free(model),
+                                                  self.instances[pk].name))
+        added, position = [], max((a.position for a in mine.values()), default=-1) + 1
+        for pk in order:
+            take = min(self.hosts[pk].free(model), count)
+            if take <= 0:
+                continue
+            indices = self.hosts[pk].take(take, model)
+            if pk in mine:
+                allocation = mine[pk]
+                allocation.slots += take
+                allocation.gpu_indices = list(allocation.gpu_indices) + indices
+                allocation.save(update_fields=["slots", "gpu_indices"])
+            else:
+                SlotAllocation.objects.create(job_id=job_id, instance_id=pk, slots=take, position=position,
+                                              gpu_indices=indices)
+                position += 1
+            added.append((self.instances[pk].name, take))
+            count -= take
+            if not count:
+                break
+        return added
+
+    def shrink(self, job_id, count):
+        """Take `count` slots back from a job, from its last host on; the first host (which runs
+        horovodrun) keeps at least one."""
+        for allocation in SlotAllocation.objects.select_for_update().filter(job_id=job_id).order_by("-position"):
+            if not count:
+                break
+            keep = max(allocation.slots - count, 1 if allocation.position == 0 else 0)
+            given = allocation.slots - keep
+            count -= given
+            indices = list(allocation.gpu_indices)
+            if allocation.instance_id in self.hosts:
+                self.hosts[allocation.instance_id].give_back(given, indices[keep:] if indices else ())
+            if keep:
+                allocation.slots, allocation.gpu_indices = keep, indices[:keep]
+                allocation.save(update_fields=["slots", "gpu_indices"])
+            else:
+                allocation.delete()
+
     def allocate(self, job_id, placement, model=""):
         SlotAllocation.objects.bulk_create([
             SlotAllocation(job_id=job_id, instance=instance, slots=slots, position=position,
@@ -162,7 +207,7 @@ class InstancesAdmission(ByGpuModel, Admission):
 
     def __init__(self, backend, book):
         super().__init__(backend, book)
-        self.pool, self.plans = None, {}
+        self.pool, self.plans, self._grown = None, {}, {}
 
     def why_waiting(self, job):
         if self.pool is None:
@@ -178,11 +223,42 @@ class InstancesAdmission(ByGpuModel, Admission):
     def charge(self, job):
         self.pool.allocate(job.pk, self.plans.pop(job.pk), job.gpu_model)
 
+    def _pool(self):
+        if self.pool is None:
+            self.pool = Pool()
+        return self.pool
+
+    def room(self, job):
+        return sum(host.free(job.gpu_model) for host in self._pool().hosts.values())
+
+    def where(self, job):
+        grown = self._grown.get(job.pk)
+        return "on " + ", ".join(name for name, _ in grown) if grown else "on the instances"
+
+    def resize(self, job, size):
+        if size > job.current:
+            self._grown[job.pk] = self._pool().grow(job.pk, size - job.current, job.gpu_model)
+        else:
+            self._pool().shrink(job.pk, job.current - size)
+
+    def lost(self, job):
+        """[(instance name, why)] of the hosts an elastic job runs on that went unhealthy (not its
+        first: horovodrun runs there, and losing it is losing the job)."""
+        return list(SlotAllocation.objects.filter(job_id=job.pk, position__gt=0, instance__healthy=False)
+                    .order_by("position").values_list("instance__name", "instance__health_reason"))
+
+    def drop(self, job, name):
+        """Free what the job held on instance `name` (lost); returns the slots it held there."""
+        allocation = SlotAllocation.objects.select_for_update().get(job_id=job.pk, instance__name=name)
+        allocation.delete()
+        return allocation.slots
+
 
 class InstancesBackend(Backend):
     name = "instances"
     label = "GPU instances over SSH"
     admission_class = InstancesAdmission
+    elastic = True
     capacity_words = Backend.capacity_words + ("waiting for instances",)
 
     def capacity(self):
@@ -232,6 +308,14 @@ class InstancesBackend(Backend):
             start_timeout=settings.RINGMASTER_INSTANCE_START_TIMEOUT_SECONDS,
             connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
         )
+
+    def watch_hosts(self, job):
+        """Check the instances the job runs on besides its first; one that stopped answering is
+        recorded unhealthy, and the scheduler drops it from the job at once."""
+        for instance in Instance.objects.filter(allocations__job=job, allocations__position__gt=0, healthy=True):
+            healthy, _ = check(instance)
+            if not healthy:
+                taskqueue.wake_scheduler()
 
     def after_launch(self, job, runner, error=None):
         """Keep what a launch learned: new host keys; an instance it could not reach or use gets

@@ -109,11 +109,35 @@ class LocalAdmission(ByGpuModel, Admission):
             SlotAllocation.objects.create(job_id=job.pk, instance=None, slots=job.gpus, position=0,
                                           gpu_indices=self.plans.pop(job.pk))
 
+    def room(self, job):
+        host = self._host()
+        return host.free(job.gpu_model) if host.bound else super().room(job)
+
+    def where(self, job):
+        return "on this machine"
+
+    def resize(self, job, size):
+        """Grow: the lowest free indices join the job's; shrink: its last indices go back (the
+        ranks Horovod stops are the highest local ranks, which held them)."""
+        host = self._host()
+        if not host.bound:
+            return
+        allocation = SlotAllocation.objects.select_for_update().get(job_id=job.pk, instance__isnull=True)
+        indices = list(allocation.gpu_indices)
+        if size > len(indices):
+            indices += host.take(size - len(indices), job.gpu_model)
+        else:
+            host.give_back(len(indices) - size, indices[size:])
+            indices = indices[:size]
+        allocation.gpu_indices, allocation.slots = indices, size
+        allocation.save(update_fields=["gpu_indices", "slots"])
+
 
 class LocalBackend(Backend):
     name = "local"
     label = "This machine (horovodrun)"
     admission_class = LocalAdmission
+    elastic = True
     capacity_words = Backend.capacity_words + ("waiting for this machine's GPUs",)
 
     def capacity(self):

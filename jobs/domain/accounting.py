@@ -20,18 +20,46 @@ from datetime import datetime, time, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 
 NO_GROUP = "(no group)"
 
 
+def segments(started, end, gpus, changes=()):
+    """[(from, to, GPUs)] of a job that ran from `started` to `end`, starting at `gpus` GPUs and
+    changing size at each (moment, GPUs) of `changes` (an elastic job's; none for a fixed one)."""
+    found, moment, current = [], started, gpus
+    for at, size in sorted(changes):
+        if at >= end:
+            break
+        if at > moment:
+            found.append((moment, at, current))
+            moment = at
+        current = size
+    if end > moment:
+        found.append((moment, end, current))
+    return found
+
+
+def size_changes(job_ids):
+    """{job id: [(moment, GPUs)]}: the size history of elastic jobs (their events that carry one)."""
+    changes = defaultdict(list)
+    rows = JobEvent.objects.filter(job_id__in=list(job_ids), gpus__isnull=False).order_by("ts", "id")
+    for job_id, at, size in rows.values_list("job_id", "ts", "gpus"):
+        changes[job_id].append((at, size))
+    return changes
+
+
 def job_gpu_seconds(job, now=None):
-    """GPU-seconds a job has used: recorded once it ended, so far while it runs."""
+    """GPU-seconds a job has used: recorded once it ended, so far while it runs. An elastic job
+    counts the GPUs it held over time, not its largest size."""
     if job.started_at is None:
         return 0.0
-    if job.finished_at is not None:
+    if job.finished_at is not None and job.gpu_seconds:
         return job.gpu_seconds
-    return max(((now or timezone.now()) - job.started_at).total_seconds(), 0.0) * job.gpus
+    end = job.finished_at or now or timezone.now()
+    changes = size_changes([job.pk]).get(job.pk, []) if job.max_gpus else []
+    return sum((b - a).total_seconds() * size for a, b, size in segments(job.started_at, end, job.gpus, changes))
 
 
 def day_start(day):
@@ -59,15 +87,18 @@ def daily_usage(first_day, last_day, jobs=None, now=None):
     now = now or timezone.now()
     start, end = day_start(first_day), min(day_start(last_day + timedelta(days=1)), now)
     usage = defaultdict(float)
-    rows = (ran_between(start, end, jobs).order_by()
-            .values_list("owner__username", "charged_group__name", "backend", "gpus", "started_at", "finished_at"))
-    for user, group, backend, gpus, started, finished in rows.iterator(chunk_size=5000):
-        moment, stop = max(started, start), min(finished or now, end)
-        while moment < stop:
-            day = timezone.localdate(moment)
-            boundary = min(day_start(day + timedelta(days=1)), stop)
-            usage[(day, user, group or NO_GROUP, backend)] += (boundary - moment).total_seconds() * gpus
-            moment = boundary
+    ran = ran_between(start, end, jobs).order_by()
+    changes = size_changes(ran.filter(max_gpus__isnull=False).values_list("pk", flat=True))
+    rows = ran.values_list("pk", "owner__username", "charged_group__name", "backend", "gpus", "started_at",
+                           "finished_at")
+    for pk, user, group, backend, gpus, started, finished in rows.iterator(chunk_size=5000):
+        for first, last, size in segments(started, finished or now, gpus, changes.get(pk, ())):
+            moment, stop = max(first, start), min(last, end)
+            while moment < stop:
+                day = timezone.localdate(moment)
+                boundary = min(day_start(day + timedelta(days=1)), stop)
+                usage[(day, user, group or NO_GROUP, backend)] += (boundary - moment).total_seconds() * size
+                moment = boundary
     return usage
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import failure, states, telemetry
+from jobs.domain import elastic, failure, states, telemetry
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
@@ -25,6 +26,8 @@ from runners.output import OutputSplitter
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2
+SIZE_CHECK_SECONDS = 0.25       # how soon an elastic job's follower sees that the scheduler resized it
+HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at (a lost one is dropped)
 
 
 def follower_id():
@@ -96,7 +99,7 @@ def run(job_id):
 
 
 def _run(job_id, me):
-    job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
+    job = _load(job_id)
     backend = backends.of(job)
     runner = _runner_or_fail(job)
     if runner is None:
@@ -119,8 +122,27 @@ def _run(job_id, me):
             # The job runs when the runner says so (follow yields Running); until then, say what happened.
             states.set_reason(job_id, started.detail)
         else:
-            states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=started.detail)
+            _now_running(job_id, started.detail)
     _follow(job_id, me, runner, spec)
+
+
+def _now_running(job_id, detail):
+    job = states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=detail)
+    if job is not None and job.max_gpus:
+        taskqueue.wake_scheduler()          # an elastic job may grow into what is free now
+
+
+def _load(job_id):
+    return Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
+
+
+def _apply_size(job_id):
+    """Make an elastic job's hosts what the scheduler decided (a runner made for the hosts the
+    job holds now); returns the size applied."""
+    job = _load(job_id)
+    spec = job_spec(job)
+    backends.of(job).runner(job).resize(spec)
+    return spec.gpus
 
 
 def _runner_or_fail(job):
@@ -142,6 +164,9 @@ def _follow(job_id, me, runner, spec):
     job = Job.objects.get(pk=job_id)
     splitter = OutputSplitter(state=job.output_state or None)
     offset = job.output_offset
+    if spec.elastic:
+        # A follower that takes over mid-resize applies what the scheduler decided last.
+        spec = replace(spec, gpus=_apply_size(job_id))
     with telemetry.Sampler(job_id, runner.system_probe(spec)):
         lost = _follow_events(job_id, me, runner, spec, job, splitter, offset)
     if lost:
@@ -151,7 +176,8 @@ def _follow(job_id, me, runner, spec):
 def _follow_events(job_id, me, runner, spec, job, splitter, offset):
     """Store the runner's events until the job ends (False) or another follower took it (True)."""
     lost = False
-    next_check = 0.0
+    next_check = next_host_check = next_size_check = 0.0
+    settled = False
     stop_reason = None
     # Breaking out of the loop closes the runner's generator: that is how a follow stops.
     for event in runner.follow(spec, offset, cursor=job.follow_cursor or None):
@@ -163,7 +189,7 @@ def _follow_events(job_id, me, runner, spec, job, splitter, offset):
                 lost = True
                 break
         elif isinstance(event, Running):
-            states.transition(job_id, State.RUNNING, expect={State.LAUNCHING}, message=event.detail)
+            _now_running(job_id, event.detail)
         elif isinstance(event, Status):
             states.set_reason(job_id, event.reason)
         elif isinstance(event, Exited):
@@ -180,12 +206,33 @@ def _follow_events(job_id, me, runner, spec, job, splitter, offset):
             finish(job_id, event, stop_reason)
             return False
         now = time.monotonic()
+        if spec.elastic and stop_reason is None and now >= next_size_check:
+            # The scheduler resized the job: Horovod picks it up within a second of this.
+            next_size_check = now + SIZE_CHECK_SECONDS
+            size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
+            if size and size != spec.gpus:
+                try:
+                    spec = replace(spec, gpus=_apply_size(job_id))
+                except Exception:                    # a host it grows onto is away: try again soon
+                    log.exception("job %s: applying its size %s failed", job_id, size)
+                    next_size_check = now + HOST_CHECK_SECONDS
         if now >= next_check:
             next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
             if not heartbeat(job_id, me):
                 lost = True
                 break
-            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus").get(pk=job_id)
+            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus",
+                                   "backend").get(pk=job_id)
+            if spec.elastic and stop_reason is None:
+                if now >= next_host_check:
+                    next_host_check = now + HOST_CHECK_SECONDS
+                    try:
+                        backends.of(job).watch_hosts(job)
+                    except Exception:                # never the end of the job's follower
+                        log.exception("job %s: looking at its hosts failed", job_id)
+                if not settled and job.started_at and job.started_at <= elastic.settled_since():
+                    settled = True
+                    taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
             if job.cancel_requested and stop_reason is None:
                 stop_reason = "cancel"
                 runner.cancel(spec)
@@ -219,7 +266,7 @@ def _after_end():
 
 def stop(job_id):
     """Stop every process of a job whose cancel was requested (the follower finishes it)."""
-    job = Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
+    job = _load(job_id)
     if job.is_terminal or not job.cancel_requested:
         return
     runner = _runner_or_fail(job)

@@ -53,7 +53,9 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
             for metric in extract_metrics(line.text):
                 step = metric.step if metric.step is not None else seq
                 points.append((line.rank, seq, step, metric.name, metric.value, ts))
-            if line.rank is None and job.failed_rank is None:
+            # An elastic job's ranks end on every shrink (Horovod stops them: "Process 3 exit with
+            # status code 134"); that is no failure, so only a fixed job's first rank exit is kept.
+            if line.rank is None and job.failed_rank is None and not job.max_gpus:
                 failure = parse_rank_failure(line.text)
                 if failure:
                     job.failed_rank, job.exit_code = failure

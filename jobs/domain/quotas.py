@@ -28,6 +28,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Q, Sum, Va
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from jobs.domain import accounting
 from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings
 
 LIMIT_NAMES = ("gpus", "jobs", "gpus_per_job", "gpu_hours")
@@ -181,7 +182,7 @@ class QuotaBook:
         active, by_backend = defaultdict(lambda: [0, 0]), defaultdict(int)
         rows = (Job.objects.filter(state__in=ACTIVE_STATES).order_by()
                 .values_list("owner_id", "charged_group_id", "backend")
-                .annotate(gpus=Sum("gpus"), jobs=Count("id")))
+                .annotate(gpus=Sum(Coalesce("size", "gpus")), jobs=Count("id")))
         for owner_id, group_id, backend, gpus, jobs in rows:
             by_backend[backend] += gpus
             for key in self._keys(owner_id, group_id, backend):
@@ -197,13 +198,24 @@ class QuotaBook:
                 Coalesce("finished_at", Value(self.now)) - Greatest("started_at", Value(since)),
                 output_field=DurationField(),
             )
-            rows = (self._jobs().filter(started_at__isnull=False, started_at__lt=self.now)
-                    .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=since)).order_by()
+            overlapping = (self._jobs().filter(started_at__isnull=False, started_at__lt=self.now)
+                           .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=since)).order_by())
+            rows = (overlapping.filter(max_gpus__isnull=True)
                     .values_list("owner_id", "charged_group_id", "backend", "gpus")
                     .annotate(ran=Sum(ran)))
             seconds = defaultdict(float)
             for owner_id, group_id, backend, gpus, duration in rows:
                 value = max(duration.total_seconds(), 0.0) * gpus if duration else 0.0
+                for key in self._keys(owner_id, group_id, backend):
+                    seconds[key] += value
+            # Elastic jobs count the size they had over time (few: read one by one).
+            elastic = list(overlapping.filter(max_gpus__isnull=False).values_list(
+                "pk", "owner_id", "charged_group_id", "backend", "gpus", "started_at", "finished_at"))
+            changes = accounting.size_changes(row[0] for row in elastic)
+            for pk, owner_id, group_id, backend, gpus, started, finished in elastic:
+                value = sum((min(b, self.now) - max(a, since)).total_seconds() * size
+                            for a, b, size in accounting.segments(started, finished or self.now, gpus, changes[pk])
+                            if b > since)
                 for key in self._keys(owner_id, group_id, backend):
                     seconds[key] += value
             self._windows[days] = seconds
@@ -236,19 +248,43 @@ class QuotaBook:
             self._admitted[scope.key][1] += 1
         self._backend_gpus[backend] += gpus
 
+    def resize(self, constraints, delta, backend):
+        """Count a change of `delta` GPUs of an admitted (elastic) job during this pass."""
+        if self._active is None:
+            self._load_active()
+        for scope, _ in constraints:
+            self._admitted[scope.key][0] += delta
+        self._backend_gpus[backend] += delta
+
     # --- the rules ----------------------------------------------------------------------------
     @staticmethod
     def never_fits(constraints, gpus):
         """Why a job of `gpus` GPUs can never start under these limits, or None."""
         for scope, limits in constraints:
-            per_job = [limit for limit in (limits.gpus_per_job, limits.gpus) if limit is not None]
-            if per_job and gpus > min(per_job):
-                return f"at most {min(per_job)} GPUs per job for {scope.name} ({scope.quota_label})"
+            per_job = per_job_limit([(scope, limits)])
+            if per_job is not None and gpus > per_job:
+                return f"at most {per_job} GPUs per job for {scope.name} ({scope.quota_label})"
             if limits.jobs == 0:
                 return f"{scope.name} may run no jobs ({scope.quota_label}: 0 jobs at once)"
             if limits.gpu_hours == 0:
                 return f"{scope.name} has no GPU-hours ({scope.quota_label}: 0 per {limits.window_days} days)"
         return None
+
+    def growth_room(self, constraints, size):
+        """How many more GPUs a running job of `size` GPUs may take under these limits (its
+        GPUs at once and per job, and none once GPU-hours are used up); None: no limit."""
+        room = None
+        for scope, limits in constraints:
+            if limits.unlimited:
+                continue
+            use = self.use(scope, limits)
+            if limits.gpu_hours is not None and use.gpu_hours >= limits.gpu_hours:
+                return 0
+            for cap in (limits.gpus - use.gpus if limits.gpus is not None else None,
+                        limits.gpus_per_job - size if limits.gpus_per_job is not None else None):
+                if cap is not None:
+                    room = max(cap, 0) if room is None else min(room, max(cap, 0))
+        return room
 
     def blockers(self, constraints, gpus):
         """[(Scope, message)] for every scope whose limits a job of `gpus` GPUs would break now."""
@@ -265,6 +301,13 @@ class QuotaBook:
             elif limits.gpus is not None and use.gpus + gpus > limits.gpus:
                 found.append((scope, f"{scope}: {use.gpus} of {limits.gpus} GPUs in use, needs {gpus}"))
         return found
+
+
+def per_job_limit(constraints):
+    """The most GPUs one job may ask for under these limits (its per-job limits and GPUs at
+    once, whichever is less, over every scope); None: no such limit."""
+    found = [limit for _, limits in constraints for limit in (limits.gpus_per_job, limits.gpus) if limit is not None]
+    return min(found) if found else None
 
 
 # --- a user's view ------------------------------------------------------------------------------
@@ -288,6 +331,19 @@ def refusal(user, group, backend, gpus):
     constraints = book.constraints(user.pk, user.get_username(), group.pk if group else None,
                                    group.name if group else "", backend)
     return book.never_fits(constraints, gpus)
+
+
+def largest_jobs(user, groups, backend_names):
+    """{(group name or "", backend name): the most GPUs one job of `user` charged to that group
+    (or to none) may ask for on that backend, or None}: what refusal() allows, for the job form."""
+    book = QuotaBook(users=[user.pk], groups=[g.pk for g in groups])
+    found = {}
+    for group in list(groups) or [None]:
+        for backend in backend_names:
+            constraints = book.constraints(user.pk, user.get_username(), group.pk if group else None,
+                                           group.name if group else "", backend)
+            found[(group.name if group else "", backend)] = per_job_limit(constraints)
+    return found
 
 
 def summary(user):

@@ -12,8 +12,8 @@ from django.db.models import Case, ExpressionWrapper, F, Func, IntegerField, Out
 from django.utils import timezone
 
 from jobs import backends, taskqueue
-from jobs.backends.base import QueuedJob
-from jobs.domain import follow, quotas, states
+from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
+from jobs.domain import elastic, follow, quotas, states
 from jobs.models import TERMINAL_STATES, Job, SchedulerLock, State
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ def admit():
        reserves that capacity, or waits behind the job that reserved it;
     6. otherwise it is admitted (LAUNCHING) and its GPUs count at once.
 
+    Elastic jobs (jobs.domain.elastic): in step 5 a job that does not fit first shrinks running
+    elastic jobs of no higher priority, if that makes it fit; after the pass, running elastic
+    jobs grow into what is free and no waiting job reserved.
+
     Why: head-of-line blocking happens only within one constraint. A job blocked by its own
     user's or group's quota never holds back anybody else's job that fits (alice over her quota
     does not stop bob), and never reserves capacity. But within one constraint the queue order
@@ -61,11 +65,10 @@ def admit():
         book = quotas.QuotaBook()
         reserved = {}                      # constraint key -> the first job waiting on it
         passes = {}                        # backend name -> its Admission, made on first need
+        elastic.drop_lost_hosts(lambda name: _admission(passes, name, book), book)
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
                  .order_by("-priority", "created_at", "id")
-                 .values_list("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name",
-                              "backend", "cluster_id", "gpus", "held", "held_by__username", "reason",
-                              "gpu_model"))
+                 .values_list(*QUEUED_JOB_FIELDS))
         for row in queue:
             job = QueuedJob(*row)
             if job.held:
@@ -85,6 +88,7 @@ def admit():
             if reason != job.reason:
                 reasons[job.pk], old_reasons[job.pk] = reason, job.reason
         states.set_queue_reasons(reasons, old_reasons)
+        elastic.grow(lambda name: _admission(passes, name, book), book, reserved, fresh=admitted)
         for job_id in admitted:
             taskqueue.run_job(job_id)
     return admitted
@@ -101,6 +105,12 @@ class _Unavailable:
 
     def why_waiting(self, job):
         return f"can never start: {self.error}"
+
+    def room(self, job):
+        return 0
+
+    def lost(self, job):
+        return []
 
 
 def _admission(passes, name, book):
@@ -129,6 +139,8 @@ def _why_waiting(book, reserved, job, constraints, admission):
     if key in reserved:
         return admission.behind(job)
     reason = admission.why_waiting(job)
+    if reason is not None and elastic.make_room(admission, book, job):
+        reason = admission.why_waiting(job)
     if reason is not None:
         reserved[key] = job.pk
     return reason

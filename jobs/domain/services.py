@@ -4,6 +4,7 @@ Views, the API, Celery tasks and management commands all come through here; admi
 queue positions are the scheduler's (jobs.domain.scheduler).
 """
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from jobs import backends, taskqueue
 from jobs.domain import states
@@ -21,9 +22,17 @@ def visible_jobs(user):
     return jobs if user.is_staff else jobs.filter(owner=user)
 
 
-def submit(user, form):
-    """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it."""
+def visible_scripts(user):
+    """The scripts a user may run: their own uploads and the example library."""
+    return Script.objects.filter(Q(owner=user) | Q(owner__isnull=True))
+
+
+def submit(user, form, parent=None):
+    """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it. `parent`:
+    the job it reruns, one the user can see (the rerun view's; the page form cleans its own)."""
     fields = form.job_fields()
+    if parent is not None:
+        fields["parent"] = parent
     upload = form.cleaned_data.get("script_file")
     with transaction.atomic():
         if upload:
@@ -35,19 +44,29 @@ def submit(user, form):
     return job
 
 
-def resubmit_data(job):
-    """The API-shaped settings of `job`, to submit it again."""
+def resubmit_data(job, user=None):
+    """The API-shaped settings of `job`, to submit it again (as `user`: a script of another
+    user's job, which staff may rerun, becomes a copy of their own)."""
     data = {
         "name": job.name, "image": job.image_id, "gpus": job.gpus, "args": job.args, "env": job.env,
         "backend": job.backend, "time_limit_minutes": job.time_limit_minutes,
     }
     if job.gpu_model:
         data["gpu_model"] = job.gpu_model
+    if job.max_gpus:
+        data["max_gpus"] = job.max_gpus      # a rerun of an elastic job is elastic too
     if job.charged_group_id:
         data["group"] = job.charged_group.name
-    data.update(backends.of(job).resubmit_fields(job))
+    try:
+        data.update(backends.of(job).resubmit_fields(job))
+    except backends.UnknownBackend:
+        pass                        # the form says the backend is not enabled
     if job.script_id:
         data["script"] = job.script_id
+        if user is not None and not visible_scripts(user).filter(pk=job.script_id).exists():
+            script = job.script
+            data["script"] = store_script(user, {"name": script.name, "content": script.content,
+                                                 "sha256": script.sha256, "size": script.size}).pk
     else:
         data["script_path"] = job.script_path
     return data

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import backends
+from jobs.domain import accounting
 from jobs.domain.live import publish_state, publish_states
 from jobs.models import Job, JobEvent, State
 
@@ -61,6 +62,8 @@ def transition(job_id, target, *, message="", expect=None, **fields):
         job.state = target
         for name, value in fields.items():
             setattr(job, name, value)
+        if target == State.LAUNCHING and job.size is None:
+            job.size = job.gpus               # admitted at its minimum; an elastic job may grow
         if target == State.RUNNING and job.started_at is None:
             job.started_at = now
         if target in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
@@ -68,11 +71,27 @@ def transition(job_id, target, *, message="", expect=None, **fields):
             # The one place what a job holds is freed: whichever way it ended, in this transaction.
             _release(job)
             if job.started_at and "gpu_seconds" not in fields:
-                job.gpu_seconds = (now - job.started_at).total_seconds() * job.gpus
+                job.gpu_seconds = accounting.job_gpu_seconds(job, now)
         if target != State.QUEUED and "reason" not in fields:
             job.reason = ""
         job.save()
-        JobEvent.objects.create(job=job, state=target, message=message or fields.get("reason", ""))
+        # The size it runs at from here: where GPU-seconds of an elastic job start counting.
+        size = job.size if target == State.RUNNING else None
+        JobEvent.objects.create(job=job, state=target, message=message or fields.get("reason", ""), gpus=size)
+        transaction.on_commit(lambda: _announce(job))
+    return job
+
+
+def resize(job_id, size, message):
+    """An admitted elastic job now holds `size` GPUs (the scheduler decided, under its lock):
+    stored with the event that says why, which also dates the change for accounting."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state not in (State.LAUNCHING, State.RUNNING) or job.size == size:
+            return None
+        job.size = size
+        job.save(update_fields=["size"])
+        JobEvent.objects.create(job=job, message=message, gpus=size)
         transaction.on_commit(lambda: _announce(job))
     return job
 

@@ -1,7 +1,7 @@
 """Validation of everything a user submits. One path for the HTML form, the API and the CLI.
 
-JobForm takes API-shaped data (args a list, env a mapping) and nothing else; JobPageForm, the
-browser's form, accepts the same fields typed as text (args split like a command line, env as
+JobForm takes API-shaped data (args a list, env a mapping) and nothing else; JobPageForm
+(jobs.web.pageform), the browser's form, accepts the same fields typed as text (args split like a command line, env as
 NAME=value lines) and turns them into those shapes before the same checks run.
 """
 import hashlib
@@ -14,8 +14,9 @@ from django.db.models import Q
 
 from jobs import backends
 from jobs.domain import quotas
+from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import Image, Script
+from jobs.models import Image
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARGS = 1000
@@ -82,30 +83,46 @@ class StringMapField(forms.Field):
         super().validate(value)
         if len(value) > MAX_ENV:
             raise forms.ValidationError(f"At most {MAX_ENV} variables.")
-        for name, val in value.items():
-            _no_nul(name, "A variable name")
-            if not ENV_NAME.match(name):
-                raise forms.ValidationError(
-                    f"{name!r} is not a valid variable name (letters, digits and _, not starting with a digit)."
-                )
-            if name.upper().startswith(RESERVED_ENV_PREFIX):
-                raise forms.ValidationError(f"{name}: names starting with {RESERVED_ENV_PREFIX} are reserved.")
-            _no_nul(val, f"The value of {name}")
+        problems = [problem for name, val in value.items() for problem in variable_problems(name, val)]
+        if problems:
+            raise forms.ValidationError(problems)
+
+
+def variable_problems(name, value):
+    """What is wrong with one environment variable ([] if nothing): every bad one is reported."""
+    for text, what in ((name, "A variable name"), (value, f"The value of {name}")):
+        try:
+            _no_nul(text, what)
+        except forms.ValidationError as exc:
+            return exc.messages
+    if not ENV_NAME.match(name):
+        return [f"{name!r} is not a valid variable name (letters, digits and _, not starting with a digit)."]
+    if name.upper().startswith(RESERVED_ENV_PREFIX):
+        return [f"{name}: names starting with {RESERVED_ENV_PREFIX} are reserved."]
+    return []
 
 
 class EnvTextField(StringMapField):
-    """The browser's environment box: one NAME=value per line."""
+    """The browser's environment box: one NAME=value per line; every bad line is reported."""
 
     def to_python(self, value):
         if isinstance(value, str):
-            mapping = {}
+            mapping, problems, seen = {}, [], {}
             for number, line in enumerate(value.splitlines(), start=1):
                 if not line.strip():
                     continue
                 if "=" not in line:
-                    raise forms.ValidationError(f"Line {number}: expected NAME=value.")
+                    problems.append(f"Line {number}: expected NAME=value.")
+                    continue
                 name, _, val = line.partition("=")
-                mapping[name.strip()] = val
+                name = name.strip()
+                problems += [f"Line {number}: {problem}" for problem in variable_problems(name, val)]
+                if name in seen:
+                    problems.append(f"Line {number}: {name} is already set on line {seen[name]}.")
+                seen.setdefault(name, number)
+                mapping[name] = val
+            if problems:
+                raise forms.ValidationError(problems)
             value = mapping
         return super().to_python(value)
 
@@ -134,15 +151,15 @@ class ImageField(forms.Field):
         return image
 
 
-def visible_scripts(user):
-    """The scripts a user may run: their own uploads and the example library."""
-    return Script.objects.filter(Q(owner=user) | Q(owner__isnull=True))
-
-
 class JobForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     image = ImageField()
     gpus = forms.IntegerField(min_value=1, max_value=2 ** 31 - 1, label="GPUs")   # the column; each backend has its own limit
+    max_gpus = forms.IntegerField(
+        required=False, min_value=1, max_value=2 ** 31 - 1, label="Most GPUs (elastic)",
+        help_text="Makes the job elastic: it starts at GPUs, grows up to this many when GPUs are free and "
+                  "shrinks back when other jobs need them. The script must use hvd.elastic (see "
+                  "elastic_train.py). Empty: one size for the whole run.")
     script = forms.IntegerField(required=False, min_value=1)
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     args = StringListField(required=False)
@@ -252,10 +269,20 @@ class JobForm(forms.Form):
             if given > 1:
                 self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script path.")
             elif given == 0:
-                self.add_error("script", "Choose a script (upload one, pick one from the library) or give script_path.")
+                self.add_error("script", "Choose a script: upload one, pick one from the library, "
+                                         "or give the path of a script inside the image.")
         backend, gpus = data.get("backend"), data.get("gpus")
+        most = data.get("max_gpus")
+        if most is not None and gpus and "gpus" not in self.errors:
+            if most < gpus:
+                self.add_error("max_gpus", f"Most GPUs must be at least GPUs ({gpus}).")
+            elif most == gpus:
+                data["max_gpus"] = None                   # one size: not elastic
         if backend is not None:
             backend.clean(self, data)
+            most = data.get("max_gpus")
+            if most is not None and "max_gpus" not in self.errors and (problem := backend.max_gpus_problem(most)):
+                self.add_error("max_gpus", problem)
         if backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
             # A job that can never fit its quota is refused now, naming the limit, not queued forever.
             problem = quotas.refusal(self.user, data.get("group"), backend.name, gpus)
@@ -273,6 +300,7 @@ class JobForm(forms.Form):
             "name": data["name"],
             "image": data["image"],
             "gpus": data["gpus"],
+            "max_gpus": data.get("max_gpus"),
             "script": data["script"],
             "script_path": data["script_path"] if not data["script"] else "",
             "args": data["args"],
@@ -314,75 +342,3 @@ def safe_script_name(name):
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")
     return base[:200]
-
-
-class JobPageForm(JobForm):
-    """The browser's form: the same checks, friendlier widgets, and an optional upload."""
-
-    image = forms.ModelChoiceField(queryset=Image.objects.filter(enabled=True), empty_label=None)
-    script = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
-    script_file = forms.FileField(required=False, label="or upload a script (.py)")
-    args = ArgsTextField(required=False, widget=forms.TextInput, label="Arguments",
-                         help_text="Split like a command line; no shell runs them.")
-    env = EnvTextField(required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Environment variables",
-                       help_text="One NAME=value per line.")
-
-    group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
-    backend = forms.ChoiceField(required=False)
-
-    field_order = ["name", "image", "gpus", "script", "script_file", "script_path", "args", "env", "backend",
-                   "cluster", "gpu_model", "time_limit_minutes", "group", "priority"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        offered = [backend for backend in backends.enabled() if backend.offered()]
-        del self.fields["cluster"]                 # a backend that has places adds its own field
-        for backend in offered:
-            self.fields.update(backend.page_fields())
-        self.order_fields(self.field_order)
-        scripts = visible_scripts(self.user).order_by("owner", "name")
-        self.fields["script"].choices = [("", "—")] + [
-            (s.pk, f"{s.name}{'' if s.owner_id else ' (example)'}") for s in scripts
-        ]
-        self.fields["backend"].choices = [(backend.name, backend.label) for backend in offered]
-        self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
-        self._choose_fitting_image(offered)
-        self.fields["gpus"].help_text = " ".join(note for note in (b.gpus_note() for b in offered) if note)
-        self.fields["gpus"].initial = 2
-        self.fields["script_path"].help_text = "Or a path to a script inside the image."
-        groups = quotas.groups_of(self.user)
-        if groups:
-            default = quotas.default_group(self.user, groups)
-            self.fields["group"].choices = [(g.name, g.name) for g in groups]
-            self.fields["group"].initial = default.name
-            self.fields["group"].help_text = "Its GPUs count against this group's quota as well as yours."
-        else:
-            del self.fields["group"]
-        if not self.user.is_staff:
-            del self.fields["priority"]
-
-    def clean_image(self):
-        return ImageField().clean(self.cleaned_data["image"])
-
-    def _choose_fitting_image(self, offered):
-        """The form opens on an image that runs on the backend it opens on."""
-        default = next((b for b in offered if b.name == self.fields["backend"].initial), None)
-        if default is not None:
-            fitting = next((i for i in self.fields["image"].queryset if default.image_problem(i) is None), None)
-            if fitting is not None:
-                self.fields["image"].initial = fitting.pk
-
-    def clean_cluster(self):
-        return self.cleaned_data.get("cluster")
-
-    def _has_upload(self):
-        return bool(self.files.get("script_file"))
-
-    def clean_script_file(self):
-        upload = self.cleaned_data.get("script_file")
-        if not upload:
-            return None
-        upload_form = ScriptUploadForm(files={"file": upload})
-        if not upload_form.is_valid():
-            raise forms.ValidationError(upload_form.errors["file"])
-        return upload_form.cleaned_data["file"]

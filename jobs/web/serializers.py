@@ -21,7 +21,7 @@ class ScriptSerializer(serializers.ModelSerializer):
 class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
-        fields = ["ts", "state", "message"]
+        fields = ["ts", "state", "message", "gpus"]
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -32,11 +32,12 @@ class JobSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.name", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    size = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
-            "id", "name", "owner", "image", "gpus", "script", "script_name", "script_path", "args", "env",
+            "id", "name", "owner", "image", "gpus", "max_gpus", "size", "script", "script_name", "script_path", "args", "env",
             "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "url",
@@ -48,6 +49,10 @@ class JobSerializer(serializers.ModelSerializer):
             return job.queue_pos
         return queue_position(job)
 
+    def get_size(self, job) -> int | None:
+        """GPUs the job holds now (an elastic job's changes), or the last it held; None before admission."""
+        return job.size
+
     def get_url(self, job) -> str:
         request = self.context.get("request")
         path = f"/jobs/{job.pk}/"
@@ -56,9 +61,11 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
+    parent = serializers.IntegerField(source="parent_id", allow_null=True, read_only=True,
+                                      help_text="The job this one was rerun from (null: none).")
 
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["events"]
+        fields = JobSerializer.Meta.fields + ["parent", "events"]
 
 
 def rank_label(rank):
@@ -67,10 +74,13 @@ def rank_label(rank):
 
 class LogLineSerializer(serializers.ModelSerializer):
     rank = serializers.SerializerMethodField()
+    hit = serializers.BooleanField(required=False,
+                                   help_text="Only in a search with `context`: true for a line that matches, "
+                                             "false for one shown around a hit.")
 
     class Meta:
         model = LogLine
-        fields = ["seq", "rank", "stream", "ts", "text"]
+        fields = ["seq", "rank", "stream", "ts", "text", "hit"]
 
     def get_rank(self, line) -> int | str:
         return rank_label(line.rank)
@@ -80,7 +90,9 @@ class JobCreateRequest(serializers.Serializer):
     """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.web.forms.JobForm."""
 
     image = serializers.CharField(min_length=1, help_text="Image name or id (an enabled image of the catalog).")
-    gpus = serializers.IntegerField(min_value=1, max_value=2 ** 31 - 1)
+    gpus = serializers.IntegerField(min_value=1, max_value=2 ** 31 - 1, help_text="GPUs; an elastic job's minimum.")
+    max_gpus = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                        help_text="Makes the job elastic: the most GPUs it may grow to (>= gpus).")
     script = serializers.IntegerField(required=False, help_text="Id from POST /api/scripts/.")
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
     args = serializers.ListField(child=serializers.CharField(), required=False)

@@ -1,33 +1,18 @@
-"""The browser's pages: job list, job form, job detail (and its MPIJob), cancel and rerun."""
+"""The browser's pages: job form, job detail (and its MPIJob), cancel and rerun."""
 import json
 
 from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs.domain import logquery, scheduler, services
 from jobs.domain.services import visible_jobs
 from jobs import backends
-from jobs.web.forms import JobForm, JobPageForm
-
-PAGE_SIZE = 25
-
-
-@login_required
-def job_list(request):
-    jobs = visible_jobs(request.user)
-    if request.GET.get("mine"):
-        jobs = jobs.filter(owner=request.user)
-    # Two steps: the page's ids from the (created_at, id) index alone, then only those rows with
-    # their joins, so a deep page does not join every row it skips. Same queries on every page.
-    page = Paginator(jobs.values_list("pk", flat=True), PAGE_SIZE).get_page(request.GET.get("page"))
-    ids = list(page.object_list)
-    rows = jobs.in_bulk(ids)
-    return render(request, "jobs/job_list.html", {"page": page, "jobs": [rows[pk] for pk in ids]})
+from jobs.web.forms import JobForm
+from jobs.web.pageform import JobPageForm
 
 
 @login_required
@@ -38,9 +23,20 @@ def job_new(request):
             job = services.submit(request.user, form)
             messages.success(request, f"Job {job.pk} submitted.")
             return redirect("job-detail", job_id=job.pk)
+        upload = form.cleaned_data.get("script_file")
+        if upload and "script" not in form.errors:    # kept: correcting another field needs no new upload
+            form.keep_upload(services.store_script(request.user, upload))
     else:
         form = JobPageForm(user=request.user)
-    return render(request, "jobs/job_form.html", {"form": form})
+    return render(request, "jobs/job_form.html", {"form": form, "parent": _parent(request, form)})
+
+
+def _parent(request, form):
+    """The job the form reruns, where the user can see it."""
+    pk = form["parent"].value()
+    if pk in (None, "") or not str(pk).isdigit() or int(pk) >= 2 ** 31:
+        return None
+    return visible_jobs(request.user).filter(pk=int(pk)).first()
 
 
 @login_required
@@ -51,12 +47,14 @@ def job_detail(request, job_id):
     backend = _backend_of(job)
     return render(request, "jobs/job_detail.html", {
         "job": job,
+        "parent": visible_jobs(request.user).filter(pk=job.parent_id).first() if job.parent_id else None,
         "backend_label": backend.label if backend else job.backend,
         "backend_links": backend.links(job) if backend else [],
         "events": job.events.all(),
         "ranks": range(job.gpus),
         "last_seq": job.next_seq - 1,
         "queue_position": scheduler.queue_position(job),
+        "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
     })
 
 
@@ -124,15 +122,29 @@ def job_cancel(request, job_id):
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def job_rerun(request, job_id):
-    """Submit a job again with the same settings, through the same validation."""
+    """GET: the job form filled in from the job, to edit and submit (the new job's parent is
+    this one). POST: submit it again at once with the same settings, through the same validation."""
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    form = JobForm(data=services.resubmit_data(job), user=request.user)
+    data = services.resubmit_data(job, request.user)
+    if request.method == "GET":
+        if not job.image.enabled:
+            messages.warning(request, f"Image {job.image.name} of job {job.pk} is no longer enabled: choose another.")
+        form = JobPageForm(user=request.user, initial=JobPageForm.initial_from(job, data))
+        return render(request, "jobs/job_form.html", {"form": form, "parent": job})
+    form = JobForm(data=data, user=request.user)
     if not form.is_valid():
-        problems = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+        problems = "; ".join(("" if field == "__all__" else f"{_label(form, field)}: ") + " ".join(errs)
+                             for field, errs in form.errors.items())
         messages.error(request, f"Cannot rerun job {job.pk}: {problems}")
         return redirect("job-detail", job_id=job.pk)
-    new = services.submit(request.user, form)
+    new = services.submit(request.user, form, parent=job)
     messages.success(request, f"Job {new.pk} submitted with the settings of job {job.pk}.")
     return redirect("job-detail", job_id=new.pk)
+
+
+def _label(form, name):
+    """How a message names a field: its label ("Script path"), never its name."""
+    field = form.fields.get(name)
+    return field.label if field is not None and field.label else name.replace("_", " ").capitalize()

@@ -20,6 +20,9 @@ import sys
 
 ARGV_FILE = "argv.json"
 MAP = "RINGMASTER_GPU_MAP"
+# An elastic job's GPUs change while it runs: the portal keeps them in this file of the job folder
+# (its name in this variable), and a rank started after a resize reads the map there.
+MAP_FILE = "RINGMASTER_GPU_MAP_FILE"
 
 
 def indices_for(mapping, host):
@@ -43,6 +46,12 @@ def read_argv(path=ARGV_FILE):
 
 def bind_gpus(environ):
     mapping = environ.get(MAP)
+    if environ.get(MAP_FILE):
+        try:
+            with open(environ[MAP_FILE], encoding="utf-8") as handle:
+                mapping = handle.read().strip()
+        except OSError as exc:
+            sys.exit(f"ringmaster: cannot read this job's GPUs from {os.path.abspath(environ[MAP_FILE])}: {exc}")
     if mapping is None:
         return                                  # a job that owns no GPUs of its own
     host = environ.get("HOROVOD_HOSTNAME", "")

@@ -206,6 +206,9 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     assert model.returncode == 2
     assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine (horovodrun); "
                                     "the models there are: no GPU nvidia-smi could see.")
+    elastic = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "2", "--max-gpus", "1", train_py)
+    assert elastic.returncode == 2
+    assert elastic.stderr.strip() == "ringmaster: max_gpus: Most GPUs must be at least GPUs (2)."
     assert Job.objects.count() == before
 
 

@@ -214,3 +214,53 @@ def test_the_follower_filters_by_rank_but_remembers_every_seq(capsys):
         {"seq": 0, "rank": "launcher", "stream": "stdout", "ts": None, "text": "start"},
         {"seq": 1, "rank": 0, "stream": "stderr", "ts": None, "text": "warn"}]}))
     assert capsys.readouterr().out == "[launcher] start\n" and follower.last_seq == 1
+
+
+@pytest.fixture
+def kolkata(monkeypatch):
+    """This process in Asia/Kolkata (UTC+05:30), as a user there would run the CLI."""
+    import time
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+class OnePage:
+    """What the portal answers to GET /api/jobs/: one page with one job (no portal needed)."""
+
+    def request(self, method, path, **kwargs):
+        assert (method, path) == ("GET", "/api/jobs/")
+        return {"count": 1, "results": [{"id": 7, "name": "resnet", "state": "RUNNING", "gpus": 2, "backend": "local",
+                                         "created_at": "2026-11-25T06:15:02.123456Z", "reason": ""}]}
+
+
+def test_ls_names_the_zone_of_the_times_it_prints(kolkata, capsys):
+    assert cli.cmd_ls(OnePage(), cli.parse_args(["ls"])) == 0
+    out, err = capsys.readouterr()
+    assert "ringmaster: times in Asia/Kolkata (UTC+05:30)" in err.splitlines()
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON"]
+    assert "2026-11-25 11:45:02" in row                      # 06:15:02 UTC, in Kolkata
+
+
+def test_the_zone_is_named_by_its_offset_where_it_has_no_name(monkeypatch):
+    from datetime import datetime, timedelta, timezone
+    monkeypatch.setenv("TZ", "EST5EDT")
+    winter = datetime(2026, 1, 5, 12, tzinfo=timezone(timedelta(hours=-5), "EST"))
+    assert cli.local_zone(winter) == "EST (UTC-05:00)"
+    odd = datetime(2026, 1, 5, 12, tzinfo=timezone(timedelta(hours=3, minutes=30)))
+    assert cli.local_zone(odd) == "UTC+03:30"
+
+
+def test_ls_shows_an_elastic_jobs_size_now_and_its_bounds():
+    _gpus_cell = cli._gpus_cell
+    assert _gpus_cell({"gpus": 4, "max_gpus": None, "size": 4}) == "4"
+    assert _gpus_cell({"gpus": 2, "max_gpus": 4, "size": 3}) == "3 (2..4)"
+    assert _gpus_cell({"gpus": 2, "max_gpus": 4, "size": None}) == "2 (2..4)"     # not admitted yet
+
+
+def test_submit_takes_the_most_gpus_of_an_elastic_job():
+    args = cli.parse_args(["submit", "--image", "horovod-cpu", "--gpus", "2", "--max-gpus", "8", "train.py"])
+    assert (args.gpus, args.max_gpus) == (2, 8)

@@ -1,5 +1,5 @@
-// The job page, live: the log view (rank filter, search, follow, paging), training curves,
-// system charts and the state badge. The stored log is the source of truth: the page loads the tail of the log
+// The job page, live: the log view (logview.js), training curves (charts.js), system charts
+// and the state badge. The stored log is the source of truth: the page loads the tail of the log
 // over the API, then follows the websocket from the last seq it holds (/ws/jobs/<id>/?since=),
 // and reconnects from there after any drop, so no line is lost or shown twice.
 (function () {
@@ -19,209 +19,26 @@
   }
 
   // ---------------------------------------------------------------------------------------
-  // Log view. Only the rows in sight are in the DOM, so a million-line log scrolls as easily
-  // as a short one; older lines are fetched from the server as the viewer scrolls up.
-  const PAGE = 2000;          // lines per request
-  const MAX_HELD = 200000;    // lines kept in memory; the oldest are dropped (and refetched)
-  const OVERSCAN = 40;        // rows rendered above and below the visible ones
-
-  const log = $("log"), spacer = $("log-spacer"), rows = $("log-rows"), empty = $("log-empty");
-  const rankFilter = $("rank-filter"), search = $("log-search"), follow = $("log-follow");
-  const count = $("log-count"), downloadRank = $("download-rank"), downloadAll = $("download-all");
-
-  let latestSeq = Number(root.dataset.lastSeq);   // the last seq received, in any view
-  let view = null;                                // {filter, lines, hasOlder, ready, pending}
-  let lineHeight = 0;
-
-  const rankLabel = (rank) => (rank === null || rank === undefined ? "launcher" : String(rank));
-
-  function currentFilter() {
-    return {rank: rankFilter.value, text: search.value.trim()};
-  }
-
-  function matches(filter, line) {
-    if (filter.rank !== "" && rankLabel(line.rank) !== filter.rank) return false;
-    return !filter.text || line.text.toLowerCase().includes(filter.text.toLowerCase());
-  }
-
-  function logQuery(filter, params) {
-    const query = new URLSearchParams(params);
-    if (filter.rank !== "") query.set("rank", filter.rank);
-    if (filter.text) query.set("q", filter.text);
-    return `logs/?${query}`;
-  }
-
-  async function openView(filter) {
-    const current = {filter, lines: [], hasOlder: false, ready: false, pending: [], loadingOlder: false};
-    view = current;
-    const upto = latestSeq;
-    render();
-    try {
-      const data = await api(logQuery(filter, {before: upto + 1, limit: PAGE}));
-      if (view !== current) return;                 // the filter changed meanwhile
-      current.lines = data.lines.concat(current.pending.filter((line) => line.seq > upto));
-      current.hasOlder = data.lines.length === PAGE;
-      current.pending = [];
-      current.ready = true;
-      follow.checked = true;
-      render(true);
-    } catch (error) {
-      count.textContent = `Could not load the log: ${error.message}`;
-    }
-  }
-
-  async function loadOlder() {
-    const current = view;
-    if (!current.ready || !current.hasOlder || current.loadingOlder || !current.lines.length) return;
-    current.loadingOlder = true;
-    try {
-      const data = await api(logQuery(current.filter, {before: current.lines[0].seq, limit: PAGE}));
-      if (view !== current) return;
-      current.lines = data.lines.concat(current.lines);
-      current.hasOlder = data.lines.length === PAGE;
-      // Keep the lines in sight where they were (grow the spacer first, or the scroll is clamped).
-      spacer.style.height = `${current.lines.length * lineHeight}px`;
-      log.scrollTop += data.lines.length * lineHeight;
-      render();
-    } finally {
-      current.loadingOlder = false;
-    }
-  }
-
-  function addLines(lines) {
-    for (const line of lines) latestSeq = Math.max(latestSeq, line.seq);
-    const current = view;
-    const wanted = lines.filter((line) => matches(current.filter, line));
-    if (!current.ready) {
-      current.pending.push(...wanted);
-      return;
-    }
-    current.lines.push(...wanted);
-    const excess = current.lines.length - MAX_HELD;
-    if (excess > 0) {
-      current.lines.splice(0, excess);
-      current.hasOlder = true;
-      if (!follow.checked) log.scrollTop -= excess * lineHeight;
-    }
-    scheduleRender();
-  }
-
-  function measureLineHeight() {
-    const probe = makeRow({seq: -1, rank: 0, stream: "stdout", text: "x"}, "");
-    rows.appendChild(probe);
-    lineHeight = probe.getBoundingClientRect().height || 18;
-    probe.remove();
-  }
-
-  function makeRow(line, needle) {
-    const row = document.createElement("div");
-    row.className = `line ${line.stream}`;
-    row.dataset.rank = rankLabel(line.rank);
-    row.dataset.seq = line.seq;
-    const rank = document.createElement("span");
-    rank.className = "rank";
-    rank.textContent = row.dataset.rank === "launcher" ? "L" : row.dataset.rank;
-    row.appendChild(rank);
-    const text = line.text;
-    const at = needle ? text.toLowerCase().indexOf(needle) : -1;
-    if (at < 0) {
-      row.appendChild(document.createTextNode(text));
-    } else {                                          // text nodes only: user output is never HTML
-      const mark = document.createElement("mark");
-      mark.textContent = text.slice(at, at + needle.length);
-      row.append(text.slice(0, at), mark, text.slice(at + needle.length));
-    }
-    return row;
-  }
-
-  let renderQueued = false;
-  function scheduleRender() {
-    if (renderQueued) return;
-    renderQueued = true;
-    requestAnimationFrame(() => {
-      renderQueued = false;
-      render();
-    });
-  }
-
-  function render(toBottom) {
-    if (!lineHeight) measureLineHeight();
-    const lines = view.lines;
-    spacer.style.height = `${lines.length * lineHeight}px`;
-    if (toBottom || follow.checked) log.scrollTop = log.scrollHeight;
-    const first = Math.max(0, Math.floor(log.scrollTop / lineHeight) - OVERSCAN);
-    const last = Math.min(lines.length, Math.ceil((log.scrollTop + log.clientHeight) / lineHeight) + OVERSCAN);
-    const needle = view.filter.text.toLowerCase();
-    const fragment = document.createDocumentFragment();
-    for (let i = first; i < last; i++) fragment.appendChild(makeRow(lines[i], needle));
-    rows.style.transform = `translateY(${first * lineHeight}px)`;
-    rows.replaceChildren(fragment);
-    log.dataset.held = lines.length;                  // what the view holds, for scripts and tests
-    log.dataset.first = lines.length ? lines[0].seq : "";
-    log.dataset.last = lines.length ? lines[lines.length - 1].seq : "";
-    empty.hidden = lines.length > 0 || !view.ready;
-    empty.textContent = view.filter.rank || view.filter.text ? "No matching lines." : "No output yet.";
-    count.textContent = !view.ready ? "loading…"
-      : `${lines.length.toLocaleString()} lines loaded${view.hasOlder ? "; older lines load as you scroll up" : ""}`;
-  }
-
-  log.addEventListener("scroll", () => {
-    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 2 * lineHeight;
-    follow.checked = atBottom;
-    if (log.scrollTop < OVERSCAN * lineHeight) loadOlder();
-    scheduleRender();
-  });
-  follow.addEventListener("change", () => {
-    if (follow.checked) render(true);
-  });
-
-  function filterChanged() {
-    const filter = currentFilter();
-    const base = downloadAll.getAttribute("href");
-    downloadRank.hidden = filter.rank === "";
-    downloadRank.href = `${base}?rank=${encodeURIComponent(filter.rank)}`;
-    openView(filter);
-  }
-  rankFilter.addEventListener("change", filterChanged);
-  let searchTimer = null;
-  search.addEventListener("input", () => {
-    clearTimeout(searchTimer);
-    searchTimer = setTimeout(filterChanged, 250);
-  });
-  window.addEventListener("resize", scheduleRender);
+  // Log view (logview.js): the tail over the API, then the lines the websocket brings.
+  const logView = RingmasterLog.create({api, lastSeq: Number(root.dataset.lastSeq)});
+  const addLines = logView.addLines;
 
   // ---------------------------------------------------------------------------------------
-  // Training curves: one chart per metric, one series per rank (uPlot, vendored).
-  const chartsCard = $("charts-card"), chartsBox = $("charts");
-  const charts = new Map();        // name -> {ranks: Map(rank -> Map(step -> value)), plot, box, keys}
+  // Training curves (charts.js): the API's points, then the websocket's, merged by seq.
+  const training = RingmasterCharts.create({
+    card: $("charts-card"), box: $("charts"), numbers: $("chart-numbers"), controls: $("chart-controls"),
+    ended: () => TERMINAL.has(state),
+  });
   let metricsUpTo = null;          // the API's points cover every seq up to this one
   let earlyPoints = [];
   const COLORS = ["#2f5bd3", "#d3572f", "#1f8a4c", "#9b3dc8", "#b7791f", "#0f8fa8", "#c2352b", "#5b6b8c"];
-
-  function addPoint(name, point) {
-    let chart = charts.get(name);
-    if (!chart) {
-      const box = document.createElement("div");
-      box.className = "chart";
-      box.dataset.metric = name;
-      chartsBox.appendChild(box);
-      chart = {ranks: new Map(), plot: null, box, keys: "", points: 0};
-      charts.set(name, chart);
-      chartsCard.hidden = false;
-    }
-    const rank = rankLabel(point.rank);
-    if (!chart.ranks.has(rank)) chart.ranks.set(rank, new Map());
-    chart.ranks.get(rank).set(point.step, point.value);
-    chart.points += 1;
-    chart.dirty = true;
-  }
 
   function addPoints(points) {
     if (metricsUpTo === null) {
       earlyPoints.push(...points);
       return;
     }
-    for (const point of points) if (point.seq > metricsUpTo) addPoint(point.name, point);
+    for (const point of points) if (point.seq > metricsUpTo) training.add(point.name, point);
     scheduleCharts();
   }
 
@@ -231,40 +48,8 @@
     chartsQueued = true;
     setTimeout(() => {
       chartsQueued = false;
-      drawCharts();
+      training.draw();
     }, 250);
-  }
-
-  function byRank(a, b) {
-    if (a === "launcher" || b === "launcher") return a === "launcher" ? 1 : -1;
-    return Number(a) - Number(b);
-  }
-
-  function drawCharts() {
-    for (const [name, chart] of charts) {
-      if (!chart.dirty) continue;
-      chart.dirty = false;
-      const ranks = [...chart.ranks.keys()].sort(byRank);
-      const steps = [...new Set(ranks.flatMap((rank) => [...chart.ranks.get(rank).keys()]))].sort((a, b) => a - b);
-      const data = [steps, ...ranks.map((rank) => {
-        const values = chart.ranks.get(rank);
-        return steps.map((step) => (values.has(step) ? values.get(step) : null));
-      })];
-      chart.box.dataset.points = chart.points;
-      plotInto(chart, ranks.join(","), data, () => ({
-        title: name,
-        width: Math.max(280, chart.box.clientWidth || 520),
-        height: 220,
-        scales: {x: {time: false}},
-        axes: [{label: "step"}, {}],
-        series: [{label: "step"}, ...ranks.map((rank, i) => ({
-          label: rank === "launcher" ? "launcher" : `rank ${rank}`,
-          stroke: COLORS[i % COLORS.length],
-          spanGaps: true,
-          points: {show: steps.length < 60},
-        }))],
-      }));
-    }
   }
 
   // Draw `data` in chart.box: new data into the same plot while its series (`keys`) stay, else a
@@ -277,6 +62,17 @@
     if (chart.plot) chart.plot.destroy();
     chart.keys = keys;
     chart.plot = new uPlot(options(), data, chart.box);
+    if (!chart.resizer) {          // the chart is as wide as its box, on a phone too
+      chart.resizer = new ResizeObserver(() => {
+        const width = chartWidth(chart.box);
+        if (chart.plot && width !== chart.plot.width) chart.plot.setSize({width, height: chart.plot.height});
+      });
+      chart.resizer.observe(chart.box);
+    }
+  }
+
+  function chartWidth(box) {
+    return Math.max(200, Math.floor(box.clientWidth) || 320);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -344,7 +140,7 @@
       chart.box.dataset.points = shown.reduce((n, key) => n + systemSeries.get(key).size, 0);
       plotInto(chart, shown.join(","), data, () => ({
         title: quantity.title,
-        width: Math.max(280, chart.box.clientWidth || 520),
+        width: chartWidth(chart.box),
         height: 200,
         series: [{label: "time"}, ...shown.map((key, i) => ({
           label: key, stroke: COLORS[i % COLORS.length], spanGaps: true, points: {show: times.length < 60},
@@ -368,7 +164,7 @@
     let upto = -1;
     for (const [name, points] of Object.entries(data.series)) {
       for (const point of points) {
-        addPoint(name, point);
+        training.add(name, point);
         upto = Math.max(upto, point.seq);
       }
     }
@@ -376,7 +172,7 @@
     const early = earlyPoints;
     earlyPoints = [];
     addPoints(early);
-    drawCharts();
+    training.draw();
   }).catch(() => { metricsUpTo = -1; });
 
   // ---------------------------------------------------------------------------------------
@@ -440,11 +236,11 @@
     });
   }
 
-  function dateTime(iso) {
-    const date = new Date(iso);
-    const pad = (n) => String(n).padStart(2, "0");
-    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ` +
-      `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+  // Times as the server renders them (time.js): the same text before and after an update.
+  function showTime(id, iso, after) {
+    const dd = $(id);
+    dd.hidden = dd.previousElementSibling.hidden = !iso;
+    dd.replaceChildren(...(iso ? [RingmasterTime.element(iso, "datetime"), after || ""] : []));
   }
 
   async function refreshSummary() {
@@ -453,15 +249,13 @@
     showField("job-queue-position", job.queue_position);
     showField("job-exit-code", job.exit_code);
     showField("job-failed-rank", job.failed_rank);
-    showField("job-started", job.started_at && dateTime(job.started_at));
-    showField("job-finished", job.finished_at &&
-      `${dateTime(job.finished_at)} (${Math.round(job.gpu_seconds || 0)} GPU-seconds)`);
+    showTime("job-started", job.started_at);
+    const seconds = Math.round(job.gpu_seconds || 0);        // as the template writes it
+    showTime("job-finished", job.finished_at, ` (${seconds} GPU-second${seconds === 1 ? "" : "s"})`);
     const events = document.querySelector("ol.events");
     events.replaceChildren(...job.events.map((event) => {
       const item = document.createElement("li");
-      const time = document.createElement("time");
-      time.textContent = new Date(event.ts).toLocaleTimeString([], {hour12: false});
-      item.appendChild(time);
+      item.appendChild(RingmasterTime.element(event.ts, "time"));
       item.append(" ");
       if (event.state) item.append(badge(event.state), " ");
       item.append(event.message);
@@ -483,7 +277,7 @@
 
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?since=${latestSeq}`);
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?since=${logView.latestSeq()}`);
     socket.onopen = () => {
       // Samples stored while the socket was down are not replayed by it: fetch them.
       if (reconnecting) api("metrics/").then((data) => loadSystem(data.system)).catch(() => {});
@@ -503,6 +297,7 @@
         if (TERMINAL.has(message.state)) {
           // The lines stored before the job ended came before this message: the log is whole.
           ended = true;
+          training.draw(true);     // a metric with one value per rank is now a summary
           socket.close();
         }
       }
@@ -523,6 +318,5 @@
     };
   }
 
-  openView(currentFilter());
   connect();
 })();

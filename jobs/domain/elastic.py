@@ -1,0 +1,123 @@
+"""Elastic jobs: when the scheduler grows a running job into idle GPUs, and shrinks one so a
+waiting job can start. The one place for these rules; jobs.domain.scheduler.admit() calls them
+under its lock, in the same pass that admits queued jobs.
+
+- An elastic job (Job.max_gpus set) is admitted at its minimum (Job.gpus), like any job, and
+  is resized only once it has settled (run RINGMASTER_ELASTIC_SETTLE_SECONDS: Horovod ignores a
+  change that comes before its ranks are up).
+- **Shrink**: a queued job that does not fit its backend's free capacity takes GPUs from running
+  elastic jobs of the same backend whose priority is not higher than its own (lowest priority
+  first, then the newest), never below their minimum, if that frees enough for it.
+- **Grow**: after the queue pass, a running elastic job takes the free GPUs of its backend, up to
+  its maximum, unless a queued job waits for that capacity or for one of the job's quota
+  scopes; its quotas (GPUs at once, per job, GPU-hours) hold at every size. A job admitted in
+  the same pass grows too, before it is launched: one that finds GPUs free starts at its
+  largest size, with no resize for Horovod to miss while its ranks start.
+
+What changes is Job.size, with an event that says why (jobs.domain.states.resize), and the
+backend's record of what the job holds (Admission.resize). The job's follower sees the new size
+and tells the runner (runners.base.Runner.resize), which changes what Horovod's host discovery
+prints; Horovod adds or stops ranks at the script's next commit.
+"""
+from dataclasses import replace
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
+from jobs.domain import states
+from jobs.models import Job, SlotAllocation, State
+
+def _running(settled=True, **filters):
+    """Running elastic jobs; `settled`: only those Horovod can resize yet (settled_since())."""
+    if settled:
+        filters["started_at__lte"] = settled_since()
+    rows = (Job.objects.filter(state=State.RUNNING, cancel_requested=False, max_gpus__isnull=False, **filters)
+            .values_list(*QUEUED_JOB_FIELDS))
+    return [QueuedJob(*row) for row in rows]
+
+
+def _launching(ids):
+    rows = (Job.objects.filter(pk__in=list(ids), state=State.LAUNCHING, max_gpus__isnull=False)
+            .values_list(*QUEUED_JOB_FIELDS))
+    return [QueuedJob(*row) for row in rows]
+
+
+def settled_since():
+    """Jobs started before this have run RINGMASTER_ELASTIC_SETTLE_SECONDS: their ranks are up,
+    so Horovod acts on a change of hosts (one it sees before rank 0 is ready it drops for good)."""
+    return timezone.now() - timedelta(seconds=settings.RINGMASTER_ELASTIC_SETTLE_SECONDS)
+
+
+def make_room(admission, book, job):
+    """Shrink running elastic jobs so `job` (queued, waiting for capacity) fits; whether it did."""
+    room = admission.room(job)
+    if room is None:
+        return False
+    missing = job.gpus - room
+    candidates = sorted((other for other in _running(backend=job.backend, priority__lte=job.priority)
+                         if other.current > other.gpus),
+                        key=lambda other: (other.priority, -other.pk))
+    if missing <= 0 or sum(other.current - other.gpus for other in candidates) < missing:
+        return False
+    for other in candidates:
+        if missing <= 0:
+            break
+        give = min(other.current - other.gpus, missing)
+        _resize(admission, book, other, other.current - give, f"shrank to {other.current - give} GPUs for job {job.pk}")
+        missing = job.gpus - admission.room(job)
+    return missing <= 0
+
+
+def grow(admission_of, book, reserved, fresh=()):
+    """Grow running elastic jobs, and those admitted in this pass (`fresh` ids: not launched
+    yet, so they start at the size they get), into free GPUs nothing queued waits for.
+    Returns their ids."""
+    grown = []
+    candidates = _running() + _launching(fresh)
+    jobs = sorted((job for job in candidates if job.current < job.max_gpus), key=lambda job: (-job.priority, job.pk))
+    for job in jobs:
+        admission = admission_of(job.backend)
+        constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
+        if admission.capacity_key(job) in reserved or any(scope.key in reserved for scope, _ in constraints):
+            continue
+        more = min(room for room in (job.max_gpus - job.current, admission.room(job),
+                                     book.growth_room(constraints, job.current)) if room is not None)
+        if more > 0:
+            _resize(admission, book, job, job.current + more,
+                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}", constraints)
+            grown.append(job.pk)
+    return grown
+
+
+def drop_lost_hosts(admission_of, book):
+    """Running elastic jobs go on without hosts their backend lost (Admission.lost), when what is
+    left holds their minimum; a job left below it keeps the host and says it waits for it."""
+    for job in _running(settled=False):
+        admission = admission_of(job.backend)
+        for name, why in admission.lost(job):
+            constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
+            held = _held_on(job, name)
+            if job.current - held < job.gpus:
+                states.set_reason(job.pk, f"lost {name} ({why}): {job.current - held} GPUs left, fewer than the "
+                                          f"{job.gpus} the job needs; Horovod waits for hosts to come back")
+                continue
+            admission.drop(job, name)
+            size = job.current - held
+            book.resize(constraints, -held, job.backend)
+            states.resize(job.pk, size, f"lost {name} ({why}): continuing on {size} GPUs")
+            job = replace(job, size=size)
+
+
+def _held_on(job, name):
+    return sum(SlotAllocation.objects.filter(job_id=job.pk, instance__name=name).values_list("slots", flat=True))
+
+
+def _resize(admission, book, job, size, message, constraints=None):
+    """`message`: a string, or a function that says it once the backend has placed the change."""
+    if constraints is None:
+        constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
+    admission.resize(job, size)
+    book.resize(constraints, size - job.current, job.backend)
+    states.resize(job.pk, size, message() if callable(message) else message)

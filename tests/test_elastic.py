@@ -1,0 +1,217 @@
+"""Elastic jobs in the scheduler: an elastic job (max_gpus) is admitted at its minimum, grows
+into GPUs nothing queued wants, shrinks (never below its minimum) so a queued job of no lower
+priority starts, keeps its quotas at every size, and is charged the GPUs it held over time."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.domain import accounting, quotas, scheduler, states
+from jobs.models import Job, JobEvent, Quota, SlotAllocation, State
+from runners.base import JobSpec
+from runners.local import LocalRunner
+from tests.test_quotas import bob, reload, submit, submitted  # noqa: F401 (bob: a fixture)
+
+pytestmark = pytest.mark.django_db
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture
+def script(db):
+    from jobs.models import Script
+
+    return Script.objects.create(owner=None, name="elastic_train.py", sha256="0" * 64, size=1, content="pass\n")
+
+
+@pytest.fixture(autouse=True)
+def settled_at_once(settings):
+    settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 0
+
+
+@pytest.fixture
+def four(settings):
+    settings.RINGMASTER_LOCAL_GPUS = 4           # four CPU slots (no nvidia-smi)
+
+
+def running(job):
+    states.transition(job.pk, State.RUNNING)
+    return reload(job)
+
+
+def size_events(job):
+    return list(JobEvent.objects.filter(job=job, gpus__isnull=False).order_by("id").values_list("gpus", "message"))
+
+
+def occupy(user, script, gpus):
+    """A fixed job that is admitted and running: `gpus` of the four are taken."""
+    job = submitted(user, script, gpus)
+    assert scheduler.admit() == [job.pk]
+    return running(job)
+
+
+def end(job):
+    states.transition(job.pk, State.SUCCEEDED)
+
+
+def test_an_elastic_job_starts_at_its_minimum_and_grows_into_what_is_free(alice, bob, image, script, four):
+    blocker = occupy(bob, script, 2)
+    job = submitted(alice, script, 2, max_gpus=4)
+    assert scheduler.admit() == [job.pk]
+    assert reload(job).size == 2                         # the minimum fits: admitted
+    running(job)
+    end(blocker)
+    scheduler.admit()
+    job = reload(job)
+    assert job.size == 4
+    assert size_events(job)[-1] == (4, "grew to 4 GPUs: 2 GPUs free on this machine")
+    assert quotas.QuotaBook().backend_gpus("local") == 4            # capacity counts the size now
+
+
+def test_an_elastic_job_that_finds_gpus_free_is_launched_at_its_largest_size(alice, image, script, four):
+    job = submitted(alice, script, 2, max_gpus=4)
+    assert scheduler.admit() == [job.pk]
+    job = reload(job)
+    assert (job.state, job.size) == (State.LAUNCHING, 4)        # before its launch: no resize to miss
+    assert size_events(job) == [(4, "grew to 4 GPUs: 2 GPUs free on this machine")]
+
+
+def test_a_job_whose_ranks_may_not_be_up_yet_is_neither_grown_nor_shrunk(alice, bob, image, script, four,
+                                                                         settings):
+    settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 30
+    blocker = occupy(bob, script, 2)
+    job = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    running(job)
+    end(blocker)
+    scheduler.admit()
+    assert reload(job).size == 2                         # Horovod would drop the change: it waits
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=31))
+    scheduler.admit()
+    assert reload(job).size == 4
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now())
+    submitted(bob, script, 2)
+    assert scheduler.admit() == [] and reload(job).size == 4      # not shrunk before it settled either
+
+
+@pytest.mark.parametrize("quota", [{"gpus": 3}, {"gpus_per_job": 3}, {"gpus": 3, "jobs": 1}])
+def test_growing_stops_at_the_owners_quota(alice, image, script, four, quota):
+    Quota.objects.create(user=alice, **quota)
+    job = submitted(alice, script, 2, max_gpus=4)        # the maximum is a wish: quotas cap the growth
+    scheduler.admit()
+    running(job)
+    scheduler.admit()
+    assert reload(job).size == 3
+
+
+def test_a_queued_job_that_still_would_not_fit_keeps_the_gpus_from_growing(alice, bob, image, script, four):
+    blocker = occupy(bob, script, 2)
+    elastic = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    running(elastic)
+    big = submitted(bob, script, 4)
+    end(blocker)
+    scheduler.admit()
+    assert reload(big).state == State.QUEUED
+    assert reload(elastic).size == 2                     # the free 2 are reserved for the big job
+
+
+def test_a_queued_job_shrinks_a_running_elastic_job_and_starts(alice, bob, image, script, four):
+    elastic = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    running(elastic)
+    scheduler.admit()
+    assert reload(elastic).size == 4
+    other = submitted(bob, script, 2)
+    assert scheduler.admit() == [other.pk]
+    assert reload(elastic).size == 2
+    assert size_events(elastic)[-1] == (2, f"shrank to 2 GPUs for job {other.pk}")
+    assert quotas.QuotaBook().backend_gpus("local") == 4
+
+
+def test_no_job_shrinks_below_its_minimum_or_for_a_job_of_lower_priority(alice, bob, make_user, image, script, four):
+    root = make_user("root", is_staff=True)
+    elastic = submitted(root, script, 2, max_gpus=4, priority=5)
+    scheduler.admit()
+    running(elastic)
+    scheduler.admit()
+    low = submitted(bob, script, 2)
+    assert scheduler.admit() == []
+    assert reload(elastic).size == 4 and reload(low).reason.startswith("waiting for capacity")
+    bigger = submitted(root, script, 3, priority=5)      # needs 3: shrinking to 2 frees only 2
+    assert scheduler.admit() == []
+    assert reload(elastic).size == 4 and reload(bigger).state == State.QUEUED
+
+
+def test_on_gpus_the_job_gets_more_indices_and_gives_back_its_last(alice, bob, image, script, local_gpus):
+    local_gpus([A100] * 4)
+    elastic = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    running(elastic)
+    scheduler.admit()
+    assert SlotAllocation.objects.get(job=elastic).gpu_indices == [0, 1, 2, 3]
+    other = submitted(bob, script, 2)
+    assert scheduler.admit() == [other.pk]
+    assert SlotAllocation.objects.get(job=elastic).gpu_indices == [0, 1]
+    assert SlotAllocation.objects.get(job=other).gpu_indices == [2, 3]
+
+
+def test_gpu_seconds_follow_the_size_over_time_not_the_maximum(alice, image, script):
+    start = timezone.now() - timedelta(seconds=300)
+    job = Job.objects.create(owner=alice, image=image, script=script, gpus=2, max_gpus=4, size=4,
+                             time_limit_minutes=60, state=State.RUNNING, started_at=start)
+    JobEvent.objects.create(job=job, state=State.RUNNING, gpus=2)
+    JobEvent.objects.create(job=job, message="grew to 4 GPUs", gpus=4)
+    JobEvent.objects.filter(job=job, gpus=2).update(ts=start)
+    JobEvent.objects.filter(job=job, gpus=4).update(ts=start + timedelta(seconds=60))
+    end = start + timedelta(seconds=120)
+    assert accounting.job_gpu_seconds(job, now=end) == pytest.approx(360)
+    Job.objects.filter(pk=job.pk).update(state=State.SUCCEEDED, finished_at=end)
+    job = reload(job)
+    assert accounting.job_gpu_seconds(job) == pytest.approx(360)
+    usage = accounting.daily_usage(timezone.localdate(start), timezone.localdate(end))
+    assert sum(usage.values()) == pytest.approx(360)
+    window = quotas.QuotaBook(users=[alice.pk])
+    scope, _ = window.constraints(alice.pk, "alice", None, "", "local")[0]
+    assert window.use(scope, hours=True).gpu_seconds == pytest.approx(360)
+
+
+def test_the_end_of_an_elastic_job_records_the_gpu_seconds_of_its_sizes(alice, bob, image, script, four):
+    blocker = occupy(bob, script, 2)
+    job = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    running(job)
+    end(blocker)
+    scheduler.admit()
+    start = timezone.now() - timedelta(seconds=120)
+    Job.objects.filter(pk=job.pk).update(started_at=start)
+    JobEvent.objects.filter(job=job, state=State.RUNNING).update(ts=start)
+    JobEvent.objects.filter(job=job, message__startswith="grew").update(ts=start + timedelta(seconds=60))
+    states.transition(job.pk, State.SUCCEEDED)
+    assert reload(job).gpu_seconds == pytest.approx(2 * 60 + 4 * 60, rel=0.02)
+
+
+@pytest.mark.parametrize("most, error", [
+    (1, "Most GPUs must be at least GPUs (2)."),
+    (5, "This machine runs at most 4 processes per job."),
+])
+def test_a_bad_maximum_is_a_400_naming_max_gpus(alice, image, script, four, most, error):
+    response = submit(alice, script, 2, max_gpus=most)
+    assert response.status_code == 400
+    assert response.json() == {"max_gpus": [error]}
+
+
+def test_a_maximum_equal_to_the_minimum_is_a_fixed_job(alice, image, script, four):
+    response = submit(alice, script, 2, max_gpus=2)
+    assert response.status_code == 201 and response.json()["max_gpus"] is None
+
+
+def test_horovodrun_runs_an_elastic_job_with_bounds_and_the_discovery_script(tmp_path):
+    spec = JobSpec(job_id=7, gpus=3, python="python", script_name="t.py", script_content="", script_path=None,
+                   min_gpus=2, max_gpus=4)
+    argv = LocalRunner(tmp_path).command(spec)
+    assert "-H" not in argv
+    joined = " ".join(argv)
+    assert "-np 3 --min-np 2 --max-np 4 --host-discovery-script ./discover_hosts.sh --network-interface lo" in joined
+    fixed = " ".join(LocalRunner(tmp_path).command(JobSpec(job_id=7, gpus=3, python="python", script_name="t.py",
+                                                           script_content="", script_path=None)))
+    assert "-np 3 -H localhost:3" in fixed and "--min-np" not in fixed
