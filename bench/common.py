@@ -141,8 +141,20 @@ def running_job(user, gpus=8, name="bench"):
     return job
 
 
+def job_name(job_id):
+    """The name the backends give job `job_id` outside the database (folder, MPIJob)."""
+    from jobs import backends
+    from jobs.models import Job
+
+    return backends.job_spec(Job.objects.get(pk=job_id)).name
+
+
+def jobs_root():
+    return Path(os.environ["RINGMASTER_JOBS_DIR"])
+
+
 def job_dir(job_id):
-    return Path(os.environ["RINGMASTER_JOBS_DIR"]) / f"rm-job-{job_id}"
+    return jobs_root() / job_name(job_id)
 
 
 # ------------------------------------------------------------------------------------------

@@ -74,12 +74,12 @@ def portal_run(url, user, token, data, expected_lines, expected_points):
     return stored - start, viewer["last_recv"] - start
 
 
-def split_only(data, chunk):
+def split_only(data, chunk, splitter_class=None):
     """Seconds for runners.output alone: split in the follower's chunks and extract metrics."""
     from runners.output import OutputSplitter, extract_metrics
 
     start = time.time()
-    splitter = OutputSplitter()
+    splitter = (splitter_class or OutputSplitter)()
     count = 0
     for offset in range(0, len(data), chunk):
         for line in splitter.feed(data[offset:offset + chunk]):

@@ -62,7 +62,7 @@ def portal_one(session, recorder):
     answered = time.time()
     response.raise_for_status()
     job_id = response.json()["id"]
-    created = recorder.wait(f"rm-job-{job_id}")
+    created = recorder.wait(common.job_name(job_id))
     admitted = JobEvent.objects.get(job_id=job_id, state=State.LAUNCHING).ts.timestamp()
     session.post(f"{session.base}/api/jobs/{job_id}/cancel/", timeout=30).raise_for_status()
     return job_id, (answered - started, admitted - started, created - started)

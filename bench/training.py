@@ -85,7 +85,7 @@ def main():
     from runners.local import LocalRunner
 
     script_args = ["--num-iters", str(args.num_iters), "--num-batches-per-iter", str(args.num_batches_per_iter)]
-    runner = LocalRunner(common.job_dir(0).parent / "direct")   # under the jobs folder: cleaned up at the end
+    runner = LocalRunner(common.jobs_root() / "direct")   # under the jobs folder: cleaned up at the end
     spec = JobSpec(job_id=0, gpus=args.gpus, python=common.PYTHON, script_name=SCRIPT.name,
                    script_content=SCRIPT.read_text(), script_path=None, args=tuple(script_args))
     common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal vs horovodrun")

@@ -545,6 +545,45 @@ def test_property_chunking_and_snapshot_restore_match_one_shot(case):
     assert lines == expected
 
 
+class GeneralSplitter(OutputSplitter):
+    """The splitter without its fast path for whole Gloo records: the reference it must match."""
+
+    _fast_path = False
+
+
+def split_general(chunks, **kwargs) -> list[Line]:
+    splitter = GeneralSplitter(**kwargs)
+    lines = []
+    for chunk in chunks:
+        lines += splitter.feed(chunk)
+    return lines + splitter.finish()
+
+
+RECORDS = [tag(0, "stdout", "step 1 loss 0.5"), tag(1, "stderr", "warn [x]<y"), tag(2, "stdout", ""),
+           tag(3, "stdout", "x" * 50), b"[4]<stdout>:crlf\r[4]<stdout>:\n", b"[5]<stdout>:half",
+           b"[6]<stdout>:a[7]<stdout>:b\n", b"[1,8]<stdout>:mpi\n", b"[0]<stddiag>:diag\n",
+           b"Sun Nov 22 01:41:09 2026[9]<stdout>:stamped\n", b"launcher says\n", b"\r", b"\n"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(RECORDS + FRAGMENTS), max_size=60), st.lists(st.integers(0, 3000), max_size=8),
+       st.sampled_from([8, 16, 40, MAX_LINE_BYTES]))
+def test_property_the_fast_path_gives_exactly_the_lines_of_the_general_way(parts, cuts, max_line_bytes):
+    data = b"".join(parts)
+    bounds = [0, *sorted(c for c in cuts if c <= len(data)), len(data)]
+    chunks = [data[a:b] for a, b in pairwise(bounds)]
+    assert split_chunks(chunks, max_line_bytes=max_line_bytes) == split_general(chunks, max_line_bytes=max_line_bytes)
+    assert split_all(data, max_line_bytes=max_line_bytes) == split_general([data], max_line_bytes=max_line_bytes)
+
+
+def test_a_rank_with_text_pending_ends_it_before_its_next_whole_record():
+    splitter = OutputSplitter()
+    splitter.feed(b"[1]<stdout>:unfinished")             # rank 1 has text pending
+    lines = splitter.feed(b"\n[0]<stdout>:a\n[1]<stdout>:b\n[0]<stderr>:" + b"y" * 10 + b"\n")
+    assert [(line.rank, line.stream, line.text) for line in lines] == [
+        (1, "stdout", "unfinished"), (0, "stdout", "a"), (1, "stdout", "b"), (0, "stderr", "y" * 10)]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300), st.integers(1, 64))
 def test_property_arbitrary_bytes_never_raise_and_lines_are_clean(data, max_line_bytes):
