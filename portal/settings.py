@@ -124,10 +124,10 @@ if REDIS_URL:
     CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # The layer waits on Redis in 5-second blocking reads; redis-py's own 5-second socket
-            # timeout would cut them and drop a quiet viewer's websocket. Give reads twice that
-            # (longer also holds up the web server's shutdown while a read is pending).
+            # Pub/sub: a group message (a push that carries a batch of lines) goes to Redis once
+            # and reaches each web process once, whatever the number of viewers; a message no
+            # process hears is gone, which viewers survive (they catch up from the database).
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 10}]},
         }
     }

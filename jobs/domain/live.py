@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -68,8 +69,18 @@ def publish_system(job_id, samples, hint):
     _send(job_id, {"type": "job.system", "samples": samples, "hint": hint})
 
 
-def publish_lines(job_id, last_seq):
-    _send(job_id, {"type": "job.lines", "last_seq": last_seq})
+# A push carries its lines up to this size (one message per web process with the pub/sub
+# layer); past it, it only says where the stored lines end and viewers read them from the database.
+MAX_PUSH_BYTES = 1 << 20
+
+
+def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
+    """Lines up to `last_seq` are stored; `lines` and `metrics` (jobs.domain.logwire messages)
+    are the ones after seq `after`, where they are small enough to travel."""
+    message = {"type": "job.lines", "last_seq": last_seq}
+    if lines is not None and len(lines) + len(metrics or "") <= MAX_PUSH_BYTES:
+        message.update(after=after, lines=lines, metrics=metrics, sent=time.time())
+    _send(job_id, message)
 
 
 BATCH_CONCURRENCY = 32

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from runners.output import extract_metrics, parse_rank_failure
 
+from jobs.domain import logwire
 from jobs.domain.live import publish_lines
 from jobs.models import Job, LogLine, MetricPoint
 
@@ -73,8 +74,15 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
             fields.append("follow_cursor")
         job.save(update_fields=fields)
         if rows:
-            transaction.on_commit(lambda: publish_lines(job_id, seq - 1))
+            transaction.on_commit(lambda: _announce(job_id, rows, points))
     return True
+
+
+def _announce(job_id, rows, points):
+    """Tell the job's viewers about stored rows, with the lines themselves (encoded once here)."""
+    rows = [(seq, rank, stream, ts, _clean(text)) for seq, rank, stream, ts, text in rows]
+    points = [(seq, _clean(name), rank, step, value, ts) for rank, seq, step, name, value, ts in points]
+    publish_lines(job_id, rows[-1][0], rows[0][0] - 1, logwire.lines_message(rows), logwire.metrics_message(points))
 
 
 def _create_rows(job_id, rows, points):

@@ -1,13 +1,15 @@
 """The job websocket: /ws/jobs/<id>/?since=<seq> (contract in DESIGN.md).
 
 Owner or staff only; anyone else is refused at the handshake, before any data. The consumer
-replays stored lines after `since`, then sends what is stored later, always from the database
-and in seq order, tracking the last seq it sent: a push only says "there is more", so a lost or
-late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
+replays stored lines after `since`, then sends what is stored later, in seq order, tracking the
+last seq it sent. A push carries the lines just stored (encoded once, by the follower) and the
+seq before them: a viewer exactly there forwards those bytes; any other reads from the database
+what it lacks, so a lost or late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
 defaults) the worker cannot reach this process, so the consumer also polls the database.
 """
 import asyncio
 import json
+import time
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -17,40 +19,32 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from jobs.domain.live import group_name
 from jobs.domain import telemetry
+from jobs.domain import logwire
 from jobs.models import Job, LogLine, MetricPoint, SystemSample
-from jobs.web.serializers import LogLineSerializer, rank_label
 from jobs.domain.services import visible_jobs
 
 BATCH = 1000
+# A push handled this late means the viewer is behind (more pushes wait in its queue): rather
+# than forward each one, it reads everything stored from the database in large batches, which
+# overtakes the pushes queued after this one.
+BEHIND_SECONDS = 0.1
 POLL_SECONDS = 1.0
 SHARED_BATCH_SECONDS = 2.0
 
 
-def _point(point):
-    return {"seq": point.seq, "name": point.name, "rank": rank_label(point.rank), "step": point.step,
-            "value": point.value, "ts": point.ts}
-
-
 def fetch(job_id, after):
-    """Up to BATCH stored lines after seq `after`, and their metric points."""
-    lines = list(LogLine.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:BATCH])
-    points = []
-    if lines:
-        points = list(MetricPoint.objects.filter(job_id=job_id, seq__gt=after, seq__lte=lines[-1].seq)
-                      .order_by("seq", "id"))
-    return LogLineSerializer(lines, many=True).data, points
-
-
-@database_sync_to_async
-def _encode_batch(job_id, after):
-    lines, points = fetch(job_id, after)
-    if not lines:
+    """(lines message, metrics message or None, last seq) for up to BATCH stored lines after seq
+    `after`; (None, None, None) when there are none yet."""
+    rows = list(LogLine.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")
+                .values_list("seq", "rank", "stream", "ts", "text")[:BATCH])
+    if not rows:
         return None, None, None
-    points_text = json.dumps({"type": "metrics", "points": [_point(p) for p in points]}, cls=JSONEncoder)
-    return (json.dumps({"type": "lines", "lines": lines}, cls=JSONEncoder), points_text if points else None,
-            lines[-1]["seq"])
+    points = list(MetricPoint.objects.filter(job_id=job_id, seq__gt=after, seq__lte=rows[-1][0])
+                  .order_by("seq", "id").values_list("seq", "name", "rank", "step", "value", "ts"))
+    return logwire.lines_message(rows), logwire.metrics_message(points), rows[-1][0]
 
 
+_encode_batch = database_sync_to_async(fetch)
 _batches = {}  # (job id, after) -> the task encoding the batch after that seq, kept briefly
 
 
@@ -113,9 +107,19 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     # --- group messages (jobs.domain.live) ---------------------------------------------------------
     async def job_lines(self, event):
-        """New lines up to event["last_seq"] are stored. Viewers of a job in this process that
-        have seen the same lines share one query and one encoding of what follows."""
+        """New lines up to event["last_seq"] are stored. The push carries them, encoded once by
+        the follower, where they were small enough: a viewer that has everything before them
+        gets those very bytes. Any other viewer reads what it misses from the database; those of
+        a job in this process that have seen the same lines share one query and one encoding."""
         target = event["last_seq"]
+        if target <= self.last_seq:
+            return                                  # overtaken by a catch-up from the database
+        if event.get("lines") and self.last_seq == event["after"] and time.time() - event["sent"] < BEHIND_SECONDS:
+            await self.send(text_data=event["lines"])
+            if event.get("metrics"):
+                await self.send(text_data=event["metrics"])
+            self.last_seq = target
+            return
         while self.last_seq < target:
             # Everything stored after what this viewer has, not only up to this push: a viewer
             # that falls behind catches up in larger batches and skips the pushes it overtook.
@@ -128,6 +132,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             self.last_seq = last
 
     async def job_state(self, event):
+        # Lines stored before the change are shown before it, even where a push of them was
+        # lost (the pub/sub layer keeps nothing for a process that missed it).
+        await self._send_new()
         await self._send_state(event["state"], event["reason"])
 
     async def job_system(self, event):
@@ -145,14 +152,14 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_new(self):
         while True:
-            lines, points = await self._fetch(self.last_seq)
-            if not lines:
+            lines_text, points_text, last = await self._fetch(self.last_seq)
+            if last is None:
                 return
-            await self.send_json({"type": "lines", "lines": lines})
-            if points:
-                await self.send_json({"type": "metrics", "points": [_point(p) for p in points]})
-            self.last_seq = lines[-1]["seq"]
-            if len(lines) < BATCH:
+            await self.send(text_data=lines_text)
+            if points_text:
+                await self.send(text_data=points_text)
+            before, self.last_seq = self.last_seq, last
+            if last - before < BATCH:
                 return
 
     async def _send_state(self, state=None, reason=None):

@@ -3,6 +3,7 @@ input is validated by jobs.web.forms, the one validation path)."""
 from rest_framework import serializers
 
 from jobs.models import Image, Job, JobEvent, LogLine, Script
+from jobs.domain.logwire import rank_label
 from jobs.domain.scheduler import queue_position
 
 
@@ -66,10 +67,6 @@ class JobDetailSerializer(JobSerializer):
 
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + ["parent", "events"]
-
-
-def rank_label(rank):
-    return "launcher" if rank is None else rank
 
 
 class LogLineSerializer(serializers.ModelSerializer):

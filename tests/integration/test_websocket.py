@@ -197,3 +197,62 @@ def test_a_connected_viewer_does_not_hold_the_web_server_when_it_stops(restartab
 
     told, gone = asyncio.run(scenario())
     assert told < 3 and gone < 5, (told, gone)
+
+
+def test_lines_pushed_live_read_exactly_as_the_same_lines_replayed_and_from_the_api(live_portal, job, alice):
+    """A live viewer gets the lines the follower encoded with its push; a later viewer and the
+    REST API read them from the database: all three must say the same, times and points included."""
+    import requests
+    from datetime import datetime
+
+    headers = token_header(alice)
+    stamped = Line(rank=1, stream="stderr", text="stamped ü \\ \"q\"", ts=datetime(2026, 11, 22, 1, 41, 9))
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job, since=-1), additional_headers=headers) as ws:
+            await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            await sync_to_async(store)(job, 0, 3)                 # seq 0..3, 3 = the metric line
+            await sync_to_async(lambda: append_output(job.pk, [stamped], 1, 2, {}))()  # seq 4
+            live = await receive_until(ws, lambda m: 4 in seqs(m))
+        async with connect(ws_url(live_portal, job, since=-1), additional_headers=headers) as ws:
+            replayed = await receive_until(ws, lambda m: 4 in seqs(m) and any(x["type"] == "metrics" for x in m))
+        return live, replayed
+
+    live, replayed = asyncio.run(scenario())
+
+    def lines(messages):
+        return [line for m in messages if m["type"] == "lines" for line in m["lines"]]
+
+    def points(messages):
+        return [point for m in messages if m["type"] == "metrics" for point in m["points"]]
+
+    assert lines(live) == lines(replayed) and len(lines(live)) == 5
+    assert points(live) == points(replayed) and [p["name"] for p in points(live)] == ["loss"]
+    api = requests.get(f"{live_portal}/api/jobs/{job.pk}/logs/", headers=headers, timeout=10).json()
+    assert api["lines"] == lines(live)
+
+
+def test_a_viewer_forwards_the_lines_a_push_carries_only_when_it_is_right_before_them(live_portal, job, alice):
+    """The push's own bytes go to a viewer whose last seq is the push's `after`; a viewer elsewhere
+    reads the database instead (here pushed lines are not stored, which tells the two apart)."""
+    from jobs.domain import live, logwire
+
+    store(job, 0, 2)                                               # seq 0..2
+    headers = token_header(alice)
+    ts = job.created_at
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job, since=2), additional_headers=headers) as ws:
+            await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            elsewhere = logwire.lines_message([(2, 0, "stdout", ts, "not for this viewer"), (3, 0, "stdout", ts, "x")])
+            await sync_to_async(live.publish_lines)(job.pk, 3, 1, elsewhere, None)
+            here = logwire.lines_message([(3, 0, "stdout", ts, "only in the push")])
+            await sync_to_async(live.publish_lines)(job.pk, 3, 2, here, None)
+            got = await receive_until(ws, lambda m: 3 in seqs(m))
+            await sync_to_async(store)(job, 10, 1)                 # seq 3..4 stored for real; the viewer has 3
+            later = await receive_until(ws, lambda m: 4 in seqs(m))
+            return got, later
+
+    got, later = asyncio.run(scenario())
+    assert texts(got) == ["only in the push"]
+    assert texts(later) == ['RINGMASTER_METRIC {"step": 10, "loss": 0.5}']
