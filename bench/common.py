@@ -149,6 +149,16 @@ def job_name(job_id):
     return backends.job_spec(Job.objects.get(pk=job_id)).name
 
 
+def api_session(url, token):
+    """A requests session for the REST API at `url` with `token` (its URL in .base)."""
+    import requests
+
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {token}"
+    session.base = url
+    return session
+
+
 def jobs_root():
     return Path(os.environ["RINGMASTER_JOBS_DIR"])
 

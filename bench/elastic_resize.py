@@ -93,7 +93,6 @@ def main():
     common.header("elastic resizes: GPUs freed -> grown, queued job -> shrunk")
     common.setup()
     from django.conf import settings
-    import requests
 
     from jobs.models import Job, State
 
@@ -104,8 +103,7 @@ def main():
     with common.Services() as services:
         url = services.web(env)
         services.worker(concurrency=8, extra_env=env)
-        http = requests.Session()
-        http.headers["Authorization"] = f"Token {token}"
+        http = common.api_session(url, token)
 
         def upload(content, name):
             response = http.post(f"{url}/api/scripts/", files={"file": (name, content)})

@@ -81,7 +81,6 @@ def main():
     args = parser.parse_args()
     common.header("elastic job at 4 ranks vs a fixed 4-rank job")
     common.setup()
-    import requests
     from jobs.models import Job, LogLine, State
 
     env = {"RINGMASTER_LOCAL_GPUS": "4", "RINGMASTER_ELASTIC_SETTLE_SECONDS": str(SETTLE)}
@@ -90,8 +89,7 @@ def main():
     with common.Services() as services:
         url = services.web(env)
         services.worker(concurrency=4, extra_env=env)
-        http = requests.Session()
-        http.headers["Authorization"] = f"Token {token}"
+        http = common.api_session(url, token)
         response = http.post(f"{url}/api/scripts/", files={"file": ("throughput.py", TRAIN)})
         response.raise_for_status()
         script = response.json()["id"]

@@ -84,7 +84,6 @@ def main():
     parser.add_argument("--jobs", type=int, default=200)
     args = parser.parse_args()
 
-    import requests
     import yaml
     from kubernetes import client, config
 
@@ -107,9 +106,7 @@ def main():
         cluster.save()
         url = services.web()
         services.worker(concurrency=32)
-        session = requests.Session()
-        session.headers["Authorization"] = f"Token {token}"
-        session.base = url
+        session = common.api_session(url, token)
         api = client.CustomObjectsApi(config.new_client_from_config_dict(
             yaml.safe_load(fake.kubeconfig_text(namespace=NS))))
         portal, bare, answered, admitted = [], [], [], []

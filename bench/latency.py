@@ -114,8 +114,6 @@ def main():
     common.add_web_options(parser)
     args = parser.parse_args()
 
-    import requests
-
     common.setup()
     common.header(f"latency: rank print -> websocket client, {args.ranks} ranks x {args.rate:g} lines/s")
     user, token = common.bench_user()
@@ -125,9 +123,7 @@ def main():
         url = common.start_web(services, args)
         web = services.started[-1]
         worker = services.worker(concurrency=4)
-        session = requests.Session()
-        session.headers["Authorization"] = f"Token {token}"
-        session.base = url
+        session = common.api_session(url, token)
         for run in range(args.runs):
             figures, lines = one_run(session, url, token, args.ranks, args.rate, args.seconds, web, worker)
             runs.append(figures)

@@ -78,8 +78,6 @@ def main():
     parser.add_argument("--num-batches-per-iter", type=int, default=10)
     args = parser.parse_args()
 
-    import requests
-
     common.setup()
     from runners.base import JobSpec
     from runners.local import LocalRunner
@@ -95,9 +93,7 @@ def main():
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
     results = {"portal": [], "direct": [], "worker_cpu": [], "web_cpu": []}
     with common.Services() as services:
-        session = requests.Session()
-        session.headers["Authorization"] = f"Token {token}"
-        session.base = services.web()
+        session = common.api_session(services.web(), token)
         web = services.started[-1]
         worker = services.worker(concurrency=4)
         script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, SCRIPT.read_bytes())})["id"]

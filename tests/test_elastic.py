@@ -53,6 +53,14 @@ def end(job):
     states.transition(job.pk, State.SUCCEEDED)
 
 
+def elastic_beside(alice, bob, script):
+    """bob's fixed 2-GPU job and alice's 2..4 job beside it, both running: (elastic job, bob's)."""
+    blocker = occupy(bob, script, 2)
+    job = submitted(alice, script, 2, max_gpus=4)
+    scheduler.admit()
+    return running(job), blocker
+
+
 def test_an_elastic_job_starts_at_its_minimum_and_grows_into_what_is_free(alice, bob, image, script, four):
     blocker = occupy(bob, script, 2)
     job = submitted(alice, script, 2, max_gpus=4)
@@ -78,10 +86,7 @@ def test_an_elastic_job_that_finds_gpus_free_is_launched_at_its_largest_size(ali
 def test_a_job_whose_ranks_may_not_be_up_yet_is_neither_grown_nor_shrunk(alice, bob, image, script, four,
                                                                          settings):
     settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 30
-    blocker = occupy(bob, script, 2)
-    job = submitted(alice, script, 2, max_gpus=4)
-    scheduler.admit()
-    running(job)
+    job, blocker = elastic_beside(alice, bob, script)
     end(blocker)
     scheduler.admit()
     assert reload(job).size == 2                         # Horovod would drop the change: it waits
@@ -104,10 +109,7 @@ def test_growing_stops_at_the_owners_quota(alice, image, script, four, quota):
 
 
 def test_a_queued_job_that_still_would_not_fit_keeps_the_gpus_from_growing(alice, bob, image, script, four):
-    blocker = occupy(bob, script, 2)
-    elastic = submitted(alice, script, 2, max_gpus=4)
-    scheduler.admit()
-    running(elastic)
+    elastic, blocker = elastic_beside(alice, bob, script)
     big = submitted(bob, script, 4)
     end(blocker)
     scheduler.admit()
@@ -176,10 +178,7 @@ def test_gpu_seconds_follow_the_size_over_time_not_the_maximum(alice, image, scr
 
 
 def test_the_end_of_an_elastic_job_records_the_gpu_seconds_of_its_sizes(alice, bob, image, script, four):
-    blocker = occupy(bob, script, 2)
-    job = submitted(alice, script, 2, max_gpus=4)
-    scheduler.admit()
-    running(job)
+    job, blocker = elastic_beside(alice, bob, script)
     end(blocker)
     scheduler.admit()
     start = timezone.now() - timedelta(seconds=120)

@@ -4,8 +4,9 @@ Owner or staff only; anyone else is refused at the handshake, before any data. T
 replays stored lines after `since`, then sends what is stored later, in seq order, tracking the
 last seq it sent. A push carries the lines just stored (encoded once, by the follower) and the
 seq before them: a viewer exactly there forwards those bytes; any other reads from the database
-what it lacks, so a lost or late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
-defaults) the worker cannot reach this process, so the consumer also polls the database.
+what it lacks, so a lost or late push can delay a line but never lose or repeat one. Without
+Redis (make run's embedded defaults) the worker cannot reach this process, so the consumer also
+polls the database.
 """
 import asyncio
 import json
