@@ -92,6 +92,10 @@ GPU_MAP_FILE_VAR, GPU_MAP_FILE = "RINGMASTER_GPU_MAP_FILE", "gpu_map"
 # now; it prints HOSTS_FILE, which the portal rewrites on every resize (Runner.resize).
 DISCOVERY_SCRIPT, HOSTS_FILE = "discover_hosts.sh", "hosts"
 DISCOVERY_SCRIPT_TEXT = '#!/bin/sh\nexec cat "$(dirname "$0")/hosts"\n'
+# Horovod blacklists a host whose ranks failed (a lost instance, a deleted worker pod) for good
+# unless given a cool-down; then a host listed again (healthy, or a replacement pod of the same
+# name) is taken back in after 10 to 60 seconds.
+BLACKLIST_COOLDOWN = ("--blacklist-cooldown-range", "10", "60")
 
 # What every launcher wraps horovodrun in: record its exit code atomically (a reader sees no file
 # or the whole code). User words never enter this string: they are positional parameters,
@@ -111,7 +115,7 @@ def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
     if spec.elastic:
         # The hosts come from the discovery script; no reset limit (every resize is a reset).
         where = ["--min-np", str(spec.min_gpus), "--max-np", str(spec.max_gpus),
-                 "--host-discovery-script", f"./{DISCOVERY_SCRIPT}"]
+                 "--host-discovery-script", f"./{DISCOVERY_SCRIPT}", *BLACKLIST_COOLDOWN]
     else:
         where = ["-H", hosts]
     return [
