@@ -150,6 +150,25 @@ class KubernetesRunner(Runner):
                 return None
             raise
 
+    # --- resize (elastic jobs) -----------------------------------------------------------
+
+    def resize(self, spec):
+        """Set the MPIJob's Worker replicas to the job's size now: the operator adds or deletes
+        worker pods and lists the Running ones in the discovery script horovodrun reads."""
+        patch = mpijob.scale_patch(spec, self.cluster)
+        self._retrying(lambda: self.custom.patch_namespaced_custom_object(
+            mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, spec.name, patch,
+            _request_timeout=self.timings.request_seconds))
+
+    def replace_worker(self, spec, pod):
+        """Delete a failed worker pod of an elastic job, so the operator makes it again (on a node
+        that can hold it) and Horovod takes it back in; gone already is fine."""
+        try:
+            self.core.delete_namespaced_pod(pod, self.namespace, _request_timeout=self.timings.request_seconds)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     # --- cancel ------------------------------------------------------------------------
 
     def cancel(self, spec):
@@ -234,7 +253,9 @@ class _Follow:
                 start = self.offset
                 self.offset += len(data)
                 yield Output(data, start, cursor)
-                continue
+                if time.monotonic() < next_poll:
+                    continue
+                kind = "tick"             # a launcher that prints all the time still gets its pods looked at
             if kind == "error":
                 raise payload
             if kind == "mpijob":
@@ -250,13 +271,15 @@ class _Follow:
             decision = kubestatus.observe(
                 observation,
                 kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
-                                drained=kind == "drained", now=now),
+                                drained=kind == "drained", now=now, min_gpus=self.spec.min_gpus),
                 self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
             observation = decision.observation
             if observation.ended_at is not None:
                 self.ended.set()                  # the log reader reads what is left, then says "drained"
             if decision.delete:
                 self.runner.delete(self.spec)
+            for pod in decision.replace:
+                self.runner.replace_worker(self.spec, pod)
             yield from decision.tell
             if decision.done:
                 return

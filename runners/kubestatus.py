@@ -14,6 +14,7 @@ from datetime import datetime
 from .base import Exited, Running, Status
 from .mpijob import JOB_ROLE_LABEL
 
+EVICTED = "MPIJobEvicted"            # mpi-operator's Failed reason while a worker is evicted
 PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 
 
@@ -37,6 +38,10 @@ def outcome(mpijob):
     if done:
         return Outcome(True, done.get("message") or "MPIJob succeeded")
     failed = condition(mpijob, "Failed")
+    if failed and failed.get("reason") == EVICTED and not mpijob.get("status", {}).get("completionTime"):
+        # The operator says so as soon as one worker is evicted, while the launcher runs on: it
+        # decides (mpirun fails without that worker; an elastic job goes on without it).
+        return None
     if failed:
         # The operator writes "BackoffLimitExceeded/<pod reason>", the pod reason often empty.
         reason = (failed.get("reason") or "Failed").rstrip("/")
@@ -255,6 +260,7 @@ class Seen:
     polled: bool = False            # pods and events were read just now
     drained: bool = False           # the log reader has read every launcher's log to its end
     now: float = 0.0
+    min_gpus: int | None = None     # an elastic job's minimum (None: a job of one size)
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,7 @@ class Decision:
     observation: Observation
     tell: tuple = ()                # runner events to yield, in order
     delete: bool = False            # delete the MPIJob (it will never run)
+    replace: tuple = ()             # failed worker pods of an elastic job to delete (the operator remakes them)
     done: bool = False              # the follow is over (the last of `tell` is Exited)
 
 
@@ -289,7 +296,9 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
         if rejected:
             return Decision(after, (Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500]),),
                             delete=True, done=True)
-        trouble = pod_trouble(seen.pods)
+        lost = lost_workers(seen) if after.running_told and outcome(seen.mpijob) is None else {}
+        trouble = pod_trouble([pod for pod in seen.pods if _name(pod) not in lost])
+        trouble.notes += list(lost.values())
         after, pulled = _look_at_pods(after, seen, trouble, pull_grace_seconds)
         if pulled is not None:
             return Decision(after, (pulled,), delete=True, done=True)
@@ -297,6 +306,8 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
         if reason != after.told and (reason or after.told):
             after = replace(after, told=reason)
             tell.append(Status(reason[:500]))
+        if lost:
+            return Decision(after, tuple(tell), replace=tuple(lost))
     if not after.running_told and is_running(seen.mpijob):
         after = replace(after, running_told=True, told="")
         workers = sum(1 for p in seen.pods if p.get("metadata", {}).get("labels", {}).get(JOB_ROLE_LABEL) == "worker")
@@ -308,6 +319,38 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
             tell.append(_end(end, after, seen.drained))
             return Decision(after, tuple(tell), done=True)
     return Decision(after, tuple(tell))
+
+
+def _gpus(pod):
+    return sum(int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+               for c in pod.get("spec", {}).get("containers", []))
+
+
+def _why_failed(pod):
+    status = pod.get("status", {}) or {}
+    if status.get("reason"):
+        return f"{status['reason'].lower()}: {status.get('message', '')}".rstrip(": ")
+    for cstatus in _statuses(pod):
+        terminated = (cstatus.get("state") or {}).get("terminated")
+        if terminated:
+            return f"{terminated.get('reason') or 'exited'}, exit code {terminated.get('exitCode')}"
+    return "failed"
+
+
+def lost_workers(seen):
+    """{pod name: what to say} of an elastic job's worker pods that failed (evicted, killed)
+    while it runs: Horovod goes on with the Running ones (the operator's discovery script lists
+    only those) when they hold the job's minimum; the portal has each failed pod made again."""
+    if seen.min_gpus is None:
+        return {}
+    workers = [pod for pod in seen.pods if _role(pod) == "worker" and not pod["metadata"].get("deletionTimestamp")]
+    failed = [pod for pod in workers if pod.get("status", {}).get("phase") == "Failed"]
+    if not failed:
+        return {}
+    left = sum(_gpus(pod) for pod in workers if pod.get("status", {}).get("phase") == "Running")
+    then = (f"continuing on {left} GPUs while Kubernetes replaces it" if left >= seen.min_gpus else
+            f"{left} GPUs left, fewer than the {seen.min_gpus} the job needs: Horovod waits for its replacement")
+    return {_name(pod): f"lost {_name(pod)} ({_why_failed(pod)}): {then}" for pod in sorted(failed, key=_name)}
 
 
 def _look_at_pods(before, seen, trouble, pull_grace_seconds):

@@ -10,10 +10,13 @@ The operator validates late (a bad spec only gets a `ValidationError` event and 
 forever), so validate() checks every MPIJob against the CRD's own schema and the controller's
 rules before it is sent. Nothing here talks to a cluster or imports Django.
 """
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from .base import BLACKLIST_COOLDOWN
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -27,6 +30,10 @@ INSTALLATION_LABEL = "ringmaster.io/installation"    # the portal that made it
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 LAUNCHERS = ("mpirun", "horovodrun")
+# Elastic jobs: mpi-operator v2 keeps this script in the job's ConfigMap (mounted at /etc/mpi),
+# one `echo <pod>.<job>.<namespace>.svc` per Running worker, without slots (--slots-per-host).
+DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
+BOUNDS_ANNOTATION = "ringmaster.io/elastic-workers"   # "min-max" worker replicas of an elastic job
 CRD_FILE = Path(__file__).with_name("schemas") / "mpijob-crd-v2beta1.yaml"
 MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses a ConfigMap over 1 MiB (with its metadata)
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
@@ -74,6 +81,28 @@ def split_gpus(gpus, gpus_per_node):
     return workers, gpus // workers
 
 
+def elastic_slots(min_gpus, max_gpus, gpus_per_node):
+    """GPUs per worker of an elastic job: the most that fit a node and divide both its minimum
+    and its maximum, so every size between is a whole number of workers (2..4 on 8-GPU nodes:
+    2; 8..16 on 8: 8; 3..4: 1). The job grows and shrinks a worker, this many GPUs, at a time."""
+    common = math.gcd(min_gpus, max_gpus)
+    return max(s for s in range(1, min(common, gpus_per_node) + 1) if common % s == 0)
+
+
+def worker_split(spec, cluster):
+    """(workers, GPUs per worker) of `spec` at its size now."""
+    if spec.elastic:
+        slots = elastic_slots(spec.min_gpus, spec.max_gpus, cluster.gpus_per_node)
+        return spec.gpus // slots, slots
+    return split_gpus(spec.gpus, cluster.gpus_per_node)
+
+
+def replica_bounds(spec, cluster):
+    """(fewest, most) worker replicas of an elastic job: its minimum and maximum in workers."""
+    slots = elastic_slots(spec.min_gpus, spec.max_gpus, cluster.gpus_per_node)
+    return spec.min_gpus // slots, spec.max_gpus // slots
+
+
 def script_configmap_name(spec):
     return f"{spec.name}-script"
 
@@ -100,6 +129,13 @@ def launcher_command(spec, cluster, np):
     """argv of the launcher container: mpirun (or horovodrun) with every user variable
     forwarded to the ranks. No shell: each word is one argument, whatever it contains."""
     training = [spec.python, script_path_in_pod(spec), *spec.args]
+    if spec.elastic:
+        # Always horovodrun (mpirun cannot resize): the hosts are the Running workers the
+        # operator lists in its discovery script; the portal scales the Worker replicas.
+        slots = elastic_slots(spec.min_gpus, spec.max_gpus, cluster.gpus_per_node)
+        return ["horovodrun", "-np", str(np), "--min-np", str(spec.min_gpus), "--max-np", str(spec.max_gpus),
+                "--slots-per-host", str(slots), "--host-discovery-script", DISCOVER_HOSTS,
+                *BLACKLIST_COOLDOWN, *training]
     if cluster.launcher == "horovodrun":
         # horovodrun forwards the launcher's whole environment to the ranks itself.
         return ["horovodrun", "-np", str(np), "--hostfile", "/etc/mpi/hostfile", *training]
@@ -107,6 +143,16 @@ def launcher_command(spec, cluster, np):
     forward = [word for name in names for word in ("-x", name)]
     return ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np), "-bind-to", "none",
             "-map-by", "slot", *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
+
+
+def scale_patch(spec, cluster):
+    """The merge patch that sets an elastic job's Worker replicas to its size now (the operator
+    creates or deletes worker pods, highest index first, and rewrites the discovery script)."""
+    workers, _ = worker_split(spec, cluster)
+    low, high = replica_bounds(spec, cluster)
+    if not low <= workers <= high:
+        raise ValueError(f"{workers} workers is outside the job's bounds ({low} to {high})")
+    return {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": workers}}}}
 
 
 def made_for(existing, spec):
@@ -205,7 +251,10 @@ def new_script_configmap(spec, cluster, owner=None):
 
 def new_mpijob(spec, cluster):
     """The whole MPIJob for `spec` on `cluster`, every run policy set explicitly."""
-    workers, slots = split_gpus(spec.gpus, cluster.gpus_per_node)
+    workers, slots = worker_split(spec, cluster)
+    metadata = {"name": spec.name, "namespace": cluster.namespace, "labels": _labels(spec, cluster)}
+    if spec.elastic:
+        metadata["annotations"] = {BOUNDS_ANNOTATION: "{}-{}".format(*replica_bounds(spec, cluster))}
     run_policy = {
         "cleanPodPolicy": cluster.clean_pod_policy,
         "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
@@ -216,7 +265,7 @@ def new_mpijob(spec, cluster):
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": spec.name, "namespace": cluster.namespace, "labels": _labels(spec, cluster)},
+        "metadata": metadata,
         "spec": {
             "slotsPerWorker": slots,
             "mpiImplementation": "OpenMPI",
@@ -314,7 +363,10 @@ def controller_problems(mpijob):
     for setting in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
         if isinstance(policy.get(setting), int) and policy[setting] < 0:
             problems.append(f"runPolicy.{setting} must not be negative")
-    last_worker = f"{name}-worker-{max((worker or {}).get('replicas', 1) - 1, 0)}"
+    # An elastic job's worker pods go up to its most replicas (the annotation the builder sets).
+    most = (mpijob.get("metadata", {}).get("annotations") or {}).get(BOUNDS_ANNOTATION, "").partition("-")[2]
+    replicas = int(most) if most.isdigit() else (worker or {}).get("replicas", 1)
+    last_worker = f"{name}-worker-{max(replicas - 1, 0)}"
     if len(last_worker) > 63 or not _DNS_1035.match(last_worker):
         problems.append(f"metadata.name: {last_worker!r} (the last worker's name) is not a valid DNS-1035 label")
     return problems

@@ -9,6 +9,7 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from jobs.backends.clusters import render
 from jobs.models import Cluster, Image, Job
 from runners import mpijob
 from tests.conftest import job_name
@@ -117,14 +118,26 @@ def test_with_two_clusters_the_job_must_name_one(alice_api, cluster, k8s_image):
 @pytest.mark.parametrize(("data", "field", "message"), [
     ({"cluster": "nowhere"}, "cluster", "No enabled cluster 'nowhere'. Available: gpu-east."),
     ({"image": "plain"}, "image", "Image plain has no container image, so it cannot run on Kubernetes."),
-    ({"max_gpus": 32}, "max_gpus",
-     "Kubernetes (MPIJob) does not resize jobs; leave Most GPUs empty."),
+    ({"max_gpus": 8}, "max_gpus", "Most GPUs must be at least GPUs (16)."),
 ])
 def test_bad_kubernetes_input_names_the_field(alice_api, cluster, k8s_image, data, field, message):
     Image.objects.create(name="plain")
     response = submit(alice_api, **data)
     assert response.status_code == 400 and response.json()[field] == [message]
     assert not Job.objects.exists()
+
+
+def test_an_elastic_kubernetes_job_grows_by_whole_workers_within_the_clusters_limit(alice_api, cluster, k8s_image):
+    cluster.gpu_limit = 24
+    cluster.save()
+    response = submit(alice_api, max_gpus=32)
+    assert response.status_code == 400
+    assert response.json()["max_gpus"] == ["Cluster gpu-east runs at most 24 GPUs at once."]
+    response = submit(alice_api, max_gpus=24)
+    assert response.status_code == 201 and response.json()["max_gpus"] == 24
+    document = render(Job.objects.get())     # 16 to 24 GPUs on 8-GPU nodes: 2 to 3 workers of 8
+    assert document["spec"]["slotsPerWorker"] == 8 and document["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert document["metadata"]["annotations"] == {mpijob.BOUNDS_ANNOTATION: "2-3"}
 
 
 def test_a_namespace_per_group_needs_a_group(alice_api, alice, cluster, k8s_image):

@@ -38,9 +38,9 @@ MUST_HAVE_ENV = {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "RINGMASTER_FERNET_K
 
 # (apiGroup, resource, verb): exactly what the MPIJob backend needs, nothing more.
 EXPECTED_RULES = {
-    *(("kubeflow.org", "mpijobs", v) for v in ("create", "get", "list", "watch", "delete")),
+    *(("kubeflow.org", "mpijobs", v) for v in ("create", "get", "list", "watch", "delete", "patch")),
     *(("", "configmaps", v) for v in ("create", "get", "delete")),
-    *(("", "pods", v) for v in ("get", "list", "watch")),
+    *(("", "pods", v) for v in ("get", "list", "watch", "delete")),
     ("", "pods/log", "get"),
     *(("", "events", v) for v in ("get", "list", "watch")),
 }
@@ -291,7 +291,7 @@ def test_role_grants_exactly_what_the_portal_needs():
 def test_rule_check_notices_an_added_or_removed_verb():
     (role,) = of_kind("Role")
     more, fewer = copy.deepcopy(role["rules"]), copy.deepcopy(role["rules"])
-    more[0]["verbs"].append("patch")
+    more[0]["verbs"].append("update")
     fewer[0]["verbs"].remove("delete")
     assert rule_triples(more) != EXPECTED_RULES
     assert rule_triples(fewer) != EXPECTED_RULES

@@ -210,7 +210,33 @@ def test_horovodrun_runs_an_elastic_job_with_bounds_and_the_discovery_script(tmp
     argv = LocalRunner(tmp_path).command(spec)
     assert "-H" not in argv
     joined = " ".join(argv)
-    assert "-np 3 --min-np 2 --max-np 4 --host-discovery-script ./discover_hosts.sh --network-interface lo" in joined
+    assert ("-np 3 --min-np 2 --max-np 4 --host-discovery-script ./discover_hosts.sh "
+            "--blacklist-cooldown-range 10 60 --network-interface lo") in joined   # a healed host is let back in
     fixed = " ".join(LocalRunner(tmp_path).command(JobSpec(job_id=7, gpus=3, python="python", script_name="t.py",
                                                            script_content="", script_path=None)))
     assert "-np 3 -H localhost:3" in fixed and "--min-np" not in fixed
+
+
+def test_on_a_cluster_with_a_gpu_limit_a_job_grows_and_shrinks_by_whole_workers(alice, bob, script):
+    """2..6 GPUs on 2-GPU nodes: workers of 2. Beside a 2-GPU job within a limit of 7, it grows to
+    4, not 5; a queued job that needs 1 GPU takes a whole worker from it."""
+    from jobs.models import Cluster, Image
+
+    cluster = Cluster.objects.create(name="fake", namespace="team-a", gpus_per_node=2, gpu_limit=7)
+    Image.objects.create(name="horovod-k8s", container_image="registry.example/horovod:0.28.1", python="python")
+    k8s = {"image": "horovod-k8s", "backend": "kubernetes", "cluster": cluster.name}
+    blocker = submitted(bob, script, 2, **k8s)
+    assert scheduler.admit() == [blocker.pk]
+    running(blocker)
+    job = submitted(alice, script, 2, max_gpus=6, **k8s)
+    assert scheduler.admit() == [job.pk]
+    assert reload(job).size == 4
+    assert size_events(job) == [(4, "grew to 4 GPUs: 2 GPUs free on cluster fake")]
+    running(job)
+    small = submitted(bob, script, 1, **k8s)
+    assert scheduler.admit() == [small.pk]           # 2 + 4 + 1 = 7 fit: admitted without a shrink
+    assert reload(job).size == 4
+    running(small)
+    more = submitted(bob, script, 1, **k8s)
+    assert scheduler.admit() == [more.pk]
+    assert reload(job).size == 2 and size_events(job)[-1] == (2, f"shrank to 2 GPUs for job {more.pk}")

@@ -519,3 +519,58 @@ def test_selectors_and_recorded_verbs(fake, co, core):
                             ("list", "", "events", "")}
     assert all(r[0] in {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
                for r in fake.requests)
+
+
+# --- elastic MPIJobs: what mpi-operator v2 does (getOrCreateWorker, updateDiscoverHostsInConfigMap) --
+
+def elastic_body(name, workers, slots=1, min_np=1):
+    b = body(name, workers=workers, slots=slots)
+    launcher = b["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    launcher["command"] = ["horovodrun", "-np", str(workers * slots), "--min-np", str(min_np), "--max-np", "8",
+                           "--slots-per-host", str(slots), "--host-discovery-script", "/etc/mpi/discover_hosts.sh",
+                           "python", "train.py"]
+    return b
+
+
+def discovered(fake, name):
+    cm = fake.store.get("configmaps", NS, f"{name}-config")
+    return cm["data"]["discover_hosts.sh"] if cm else None
+
+
+def sizes(fake, name):
+    pods = fake.launcher_pods(NS, name)
+    log = fake.logs(NS, pods[0]["metadata"]["name"]) if pods else ""
+    return [int(m[1]) for m in re.finditer(r"\[0\]<stdout>:step \d+ size (\d+)", log)]
+
+
+def test_scaling_the_worker_replicas_remakes_pods_and_the_discovery_script(fake, co, core):
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold, step_seconds=0.05)
+    co.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, elastic_body("rm-job-7", 2, slots=2))
+    hosts = "".join(f"echo rm-job-7-worker-{i}.rm-job-7.{NS}.svc\n" for i in range(2))
+    fake.wait_for(lambda: discovered(fake, "rm-job-7") == "#!/bin/sh\n" + hosts, 5)
+    fake.wait_for(lambda: 4 in sizes(fake, "rm-job-7"), 5)            # 2 hosts x --slots-per-host 2
+    co.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "rm-job-7",
+                                      {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}})
+    fake.wait_for(lambda: fake.store.get("pods", NS, "rm-job-7-worker-1") is None, 5)   # the highest index goes
+    fake.wait_for(lambda: discovered(fake, "rm-job-7") == f"#!/bin/sh\necho rm-job-7-worker-0.rm-job-7.{NS}.svc\n", 5)
+    fake.wait_for(lambda: sizes(fake, "rm-job-7")[-1:] == [2], 5)
+    co.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "rm-job-7",
+                                      {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}})
+    fake.wait_for(lambda: sizes(fake, "rm-job-7")[-1:] == [6], 5)
+    hold.set()
+    fake.wait_for(lambda: condition(fake, "rm-job-7", "Succeeded"), 5)
+
+
+def test_an_evicted_worker_of_an_elastic_job_fails_nothing_until_the_launcher_ends(fake, co, core):
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold, step_seconds=0.05, evict_worker=0)
+    co.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, elastic_body("rm-job-7", 2))
+    failed = fake.wait_for(lambda: condition(fake, "rm-job-7", "Failed"), 5)
+    assert failed["reason"] == "MPIJobEvicted" and "completionTime" not in fake.mpijob(NS, "rm-job-7")["status"]
+    fake.wait_for(lambda: sizes(fake, "rm-job-7")[-1:] == [1], 5)     # it goes on with the other worker
+    core.delete_namespaced_pod("rm-job-7-worker-0", NS)              # a replacement is made at that index
+    fake.wait_for(lambda: sizes(fake, "rm-job-7")[-1:] == [2], 5)
+    hold.set()
+    fake.wait_for(lambda: condition(fake, "rm-job-7", "Succeeded"), 5)
+    assert condition(fake, "rm-job-7", "Failed") is None            # filterOutCondition turned it False

@@ -98,6 +98,10 @@ class Admission:
             return None
         return max(self._capacity - self.book.backend_gpus(self.backend.name), 0)
 
+    def step(self, job):
+        """The GPUs an elastic job grows or shrinks by at a time (a Kubernetes worker's GPUs)."""
+        return 1
+
     def where(self, job):
         """Where the GPUs a job grows into are, in an event ("on this machine")."""
         return f"on {self.backend.label}"

@@ -2,7 +2,8 @@
 through the official client (runners.kubernetes); connection and MPIJob settings per cluster
 live in jobs.backends.clusters."""
 from django import forms
-from django.db.models import Q, Sum
+from django.db.models import F, Q, Sum
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend
@@ -12,8 +13,9 @@ from runners import mpijob
 
 
 class ClusterAdmission(Admission):
-    """GPUs of launching and running jobs per cluster, against each cluster's `gpu_limit`
-    (read once per pass). A cluster without a limit queues the jobs itself."""
+    """GPUs of launching and running jobs per cluster (an elastic job's size now), against each
+    cluster's `gpu_limit` (read once per pass). A cluster without a limit queues the jobs itself,
+    and the portal grows no elastic job there: it cannot see which GPUs are free."""
 
     def __init__(self, backend, book):
         super().__init__(backend, book)
@@ -21,7 +23,9 @@ class ClusterAdmission(Admission):
                        Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
         self.in_use = dict(Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES,
                                               cluster__in=list(self.limits)).order_by()
-                           .values_list("cluster").annotate(n=Sum("gpus")).values_list("cluster", "n"))
+                           .values_list("cluster").annotate(n=Sum(Coalesce("size", F("gpus"))))
+                           .values_list("cluster", "n"))
+        self.per_node = {}
 
     def capacity_key(self, job):
         return ("capacity", self.backend.name, job.cluster_id)
@@ -41,6 +45,23 @@ class ClusterAdmission(Admission):
     def charge(self, job):
         self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + job.gpus
 
+    # --- elastic jobs: a worker's GPUs at a time, within the cluster's limit ------------------
+    def room(self, job):
+        if job.cluster_id not in self.limits:
+            return 0
+        return max(self.limits[job.cluster_id][1] - self.in_use.get(job.cluster_id, 0), 0)
+
+    def step(self, job):
+        if job.cluster_id not in self.per_node:
+            self.per_node[job.cluster_id] = Cluster.objects.get(pk=job.cluster_id).gpus_per_node
+        return mpijob.elastic_slots(job.gpus, job.max_gpus, self.per_node[job.cluster_id])
+
+    def where(self, job):
+        return f"on cluster {self.limits[job.cluster_id][0]}" if job.cluster_id in self.limits else "on its cluster"
+
+    def resize(self, job, size):
+        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + size - job.current
+
 
 def _enabled_clusters():
     return Cluster.objects.filter(enabled=True)
@@ -57,6 +78,8 @@ class KubernetesBackend(Backend):
     # an idempotent create: reconcile re-attaches to it rather than failing it.
     launch_times_out = False
     admission_class = ClusterAdmission
+    # Resized by scaling the MPIJob's Worker replicas (runners.kubernetes.KubernetesRunner.resize).
+    elastic = True
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
@@ -85,6 +108,9 @@ class KubernetesBackend(Backend):
         gpus = data.get("gpus")
         if cluster.gpu_limit is not None and gpus and gpus > cluster.gpu_limit and "gpus" not in form.errors:
             form.add_error("gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
+        most = data.get("max_gpus")
+        if cluster.gpu_limit is not None and most and most > cluster.gpu_limit and "max_gpus" not in form.errors:
+            form.add_error("max_gpus", f"Cluster {cluster.name} runs at most {cluster.gpu_limit} GPUs at once.")
         image = data.get("image")
         problem = self.image_problem(image) if image is not None else None
         if problem and "image" not in form.errors:

@@ -64,7 +64,8 @@ def make_room(admission, book, job):
     for other in candidates:
         if missing <= 0:
             break
-        give = min(other.current - other.gpus, missing)
+        step = admission.step(other)
+        give = min(other.current - other.gpus, -(-missing // step) * step)
         _resize(admission, book, other, other.current - give, f"shrank to {other.current - give} GPUs for job {job.pk}")
         missing = job.gpus - admission.room(job)
     return missing <= 0
@@ -84,6 +85,7 @@ def grow(admission_of, book, reserved, fresh=()):
             continue
         more = min(room for room in (job.max_gpus - job.current, admission.room(job),
                                      book.growth_room(constraints, job.current)) if room is not None)
+        more -= more % admission.step(job)
         if more > 0:
             _resize(admission, book, job, job.current + more,
                     lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}", constraints)

@@ -32,6 +32,9 @@ class Scenario:
     validation_error: Optional[str] = None
     steps: int = 3                          # lines per rank in the default output
     pull_seconds: Optional[float] = None    # how long containers stay ContainerCreating (step_seconds)
+    # An elastic job (a launcher running horovodrun --host-discovery-script) that waits below its
+    # minimum this long fails, as Horovod does after its elastic timeout.
+    elastic_timeout: float = 60.0
 
 
 def default_output(np, steps=3):
@@ -73,6 +76,7 @@ class JobRunner(threading.Thread):
         self.ttl = rp.get("ttlSecondsAfterFinished")
         self.launcher_failed = 0
         self.node_of = {}
+        self.elastic = elastic_options(self.replica)
 
     # --- plumbing -----------------------------------------------------------------------------
     def alive(self):
@@ -117,8 +121,8 @@ class JobRunner(threading.Thread):
                 conds.append({"type": ctype, "status": status, "reason": reason, "message": message,
                               "lastUpdateTime": stamp, "lastTransitionTime": stamp})
             if ctype in ("Succeeded", "Failed") and status == "True":
-                for c in conds:
-                    if c["type"] == "Running" and c["status"] == "True":
+                for c in conds:   # the operator's filterOutCondition: Running, and an earlier Failed, go False
+                    if c["type"] in ("Running", "Failed") and c["type"] != ctype and c["status"] == "True":
                         c.update(status="False", lastUpdateTime=stamp, lastTransitionTime=stamp)
         self.job_status(mutate)
 
@@ -347,7 +351,10 @@ class JobRunner(threading.Thread):
                 msg = f"MPIJob {ns}/{name} is running."
                 self.condition("Running", "True", "MPIJobRunning", msg)
                 self.job_event("Normal", "MPIJobRunning", f"MPIJob {ns}/{name} is running")
-            ended = self.play(launcher, workers, chunks, exit_code, attempt)
+            if self.elastic is not None:
+                ended, workers = self.play_elastic(launcher, workers)
+            else:
+                ended = self.play(launcher, workers, chunks, exit_code, attempt)
             if ended == "evicted":
                 return self.finish(workers)
             if ended == 0:
@@ -416,6 +423,79 @@ class JobRunner(threading.Thread):
         self.terminate(launcher, exit_code)
         return exit_code
 
+    # --- elastic jobs (mpi-operator v2: getOrCreateWorker, updateDiscoverHostsInConfigMap) -----
+    def sync_workers(self):
+        """The operator's reconcile of worker pods against spec Worker.replicas: pods at an index
+        at or above it are deleted, a missing one below it is made (and started)."""
+        job = self.store.get("mpijobs", self.ns, self.name)
+        if job is None or job["metadata"]["uid"] != self.uid:
+            raise Gone()
+        replicas = int(job["spec"]["mpiReplicaSpecs"]["Worker"].get("replicas", 0))
+        selector = f"{JOB_NAME}={self.name},{JOB_ROLE}=worker"
+        for pod in self.fake.pods(self.ns, selector):
+            if int(pod["metadata"]["labels"][REPLICA_INDEX]) >= replicas:
+                self.fake.delete_pod(self.ns, pod["metadata"]["name"])
+        workers = []
+        for i in range(replicas):
+            pod = self.store.get("pods", self.ns, f"{self.name}-worker-{i}")
+            if pod is None:
+                pod = self.run_container(self.schedule(self.make_pod("worker", i)))
+            workers.append(pod)
+        self.workers = replicas
+        return workers
+
+    def sync_discovery(self):
+        """discover_hosts.sh in the job's ConfigMap: one `echo` per Running worker, by name.
+        Returns the hosts it lists."""
+        running = sorted(p["metadata"]["name"] for p in self.fake.pods(self.ns, f"{JOB_NAME}={self.name},"
+                                                                                 f"{JOB_ROLE}=worker")
+                         if p["status"].get("phase") == "Running")
+        hosts = [f"{pod}.{self.name}.{self.ns}.svc" for pod in running]
+        script = "#!/bin/sh\n" + "".join(f"echo {host}\n" for host in hosts)
+
+        def mutate(cm):
+            cm.setdefault("data", {})["discover_hosts.sh"] = script
+        self.store.update("configmaps", self.ns, f"{self.name}-config", mutate)
+        return hosts
+
+    def evict(self, w):
+        self.fake.logs_close(w)
+        self.terminate(w, 137, "Error", "Evicted", "The node was low on resource: memory.")
+        self.pod_event(w, "Warning", "Evicted", "The node was low on resource: memory.")
+        msg = f"1/{self.workers} workers are evicted"
+        self.condition("Failed", "True", "MPIJobEvicted", msg)
+        self.job_event("Warning", "MPIJobEvicted", msg)
+
+    def play_elastic(self, launcher, workers):
+        """horovodrun in elastic mode: each step it reads the discovery script and trains on what
+        it lists (hosts x --slots-per-host ranks, each printing `step n size k`); below --min-np
+        it waits. Runs `steps` steps, or until `hold` is set. Returns (exit code, workers)."""
+        sc, min_np, slots = self.sc, *self.elastic
+        step, waiting_since = 0, None
+        while True:
+            workers = self.sync_workers()
+            size = len(self.sync_discovery()) * slots
+            if size < min_np:
+                waiting_since = waiting_since or time.monotonic()
+                if time.monotonic() - waiting_since > sc.elastic_timeout:
+                    self.fake.logs_write(launcher, b"[0]<stderr>:horovod.runner.elastic: timed out waiting "
+                                                   b"for the minimum number of hosts\n")
+                    self.terminate(launcher, 1)
+                    return 1, workers
+                self.pause()
+                continue
+            waiting_since = None
+            step += 1
+            self.fake.logs_write(launcher, b"".join(f"[{r}]<stdout>:step {step} size {size}\n".encode()
+                                                    for r in range(size)))
+            if step == 1 and sc.evict_worker is not None:
+                self.pause()
+                self.evict(workers[sc.evict_worker])
+            self.pause()
+            if (sc.hold.is_set() if sc.hold is not None else step >= sc.steps):
+                self.terminate(launcher, 0)
+                return 0, workers
+
     def finish(self, workers):
         for w in workers:
             phase = self.worker_phase(w)
@@ -450,6 +530,16 @@ class JobRunner(threading.Thread):
         msg = f"MPIJob {self.ns}/{self.name} is resumed."
         self.condition("Suspended", "False", "MPIJobResumed", msg)
         self.job_event("Normal", "MPIJobResumed", msg)
+
+
+def elastic_options(replica):
+    """(--min-np, --slots-per-host) of a launcher running horovodrun in elastic mode, else None."""
+    containers = ((replica.get("Launcher") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
+    command = containers[0].get("command") or []
+    if "--host-discovery-script" not in command:
+        return None
+    option = lambda name, default: int(command[command.index(name) + 1]) if name in command else default  # noqa: E731
+    return option("--min-np", 1), option("--slots-per-host", 1)
 
 
 class _PodGone(Exception):

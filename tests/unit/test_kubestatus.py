@@ -218,3 +218,59 @@ def test_a_failure_carries_the_launchers_exit_code_and_what_the_pods_showed():
 def test_an_mpijob_deleted_behind_the_portals_back_ends_the_follow_saying_so():
     decision = look(kubestatus.Observation(running_told=True), 0, RUNNING, polled=False, deleted=True, drained=True)
     assert decision.done and decision.tell == (Exited(None, "the MPIJob was deleted outside Ringmaster"),)
+
+
+# --- elastic jobs: a worker lost while the launcher runs on -------------------------------------
+
+EVICTING = mpijob(("Created", "True", "", ""), ("Running", "False", "MPIJobRunning", ""),
+                  ("Failed", "True", "MPIJobEvicted", "1/2 workers are evicted"))
+
+
+def gpu_worker(name, gpus=2, **status):
+    item = pod(name, **status)
+    item["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = gpus
+    return item
+
+
+def test_an_eviction_ends_the_mpijob_only_once_the_launcher_has_ended():
+    """mpi-operator sets Failed (MPIJobEvicted) as soon as a worker is evicted, while the launcher
+    runs on; it fills completionTime when the launcher ends."""
+    assert kubestatus.outcome(EVICTING) is None
+    ended = {"status": dict(EVICTING["status"], completionTime="2026-11-26T10:00:00Z")}
+    assert kubestatus.outcome(ended) == kubestatus.Outcome(False, "MPIJob failed: MPIJobEvicted: 1/2 workers are evicted")
+
+
+def look_elastic(before, pods, minimum, job=EVICTING):
+    return kubestatus.observe(before, kubestatus.Seen(mpijob=job, deleted=False, pods=tuple(pods), polled=True,
+                                                      now=5, min_gpus=minimum), GRACE, DRAIN)
+
+
+EVICTED = {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
+
+
+def test_an_elastic_jobs_evicted_worker_is_replaced_and_the_job_goes_on_saying_so():
+    running = kubestatus.Observation(running_told=True)
+    pods = [gpu_worker("j-worker-0", phase="Running"), gpu_worker("j-worker-1", **EVICTED),
+            gpu_worker("j-worker-2", phase="Running"), pod("j-launcher-x", "launcher", phase="Running")]
+    seen = look_elastic(running, pods, minimum=2)
+    message = ("lost j-worker-1 (evicted: The node was low on resource: memory.): "
+               "continuing on 4 GPUs while Kubernetes replaces it")
+    assert seen.replace == ("j-worker-1",) and not seen.done and not seen.delete
+    assert seen.tell == (Status(message),)
+    below = look_elastic(running, pods, minimum=6)
+    assert below.replace == ("j-worker-1",)
+    assert below.tell == (Status("lost j-worker-1 (evicted: The node was low on resource: memory.): 4 GPUs left, "
+                                 "fewer than the 6 the job needs: Horovod waits for its replacement"),)
+
+
+def test_a_job_of_one_size_and_a_worker_being_deleted_are_not_lost_workers():
+    running = kubestatus.Observation(running_told=True)
+    pods = [gpu_worker("j-worker-0", phase="Running"), gpu_worker("j-worker-1", **EVICTED)]
+    fixed = look_elastic(running, pods, minimum=None)
+    assert fixed.replace == () and fixed.tell == (Status("pod j-worker-1 was evicted: The node was low on resource: "
+                                                         "memory."),)
+    deleting = gpu_worker("j-worker-1", **EVICTED)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    assert look_elastic(running, [deleting], minimum=1).replace == ()
+    ended = {"status": dict(EVICTING["status"], completionTime="2026-11-26T10:00:00Z")}
+    assert look_elastic(running, pods, minimum=1, job=ended).replace == ()

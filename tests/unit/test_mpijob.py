@@ -230,3 +230,56 @@ def test_fields_the_crd_leaves_open_stay_open():
     document["metadata"]["labels"]["anything.example/at-all"] = "yes"           # a map of strings
     document["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"] = {"annotations": {"a": "b"}}
     assert mpijob.schema_problems(document) == []
+
+
+# --- elastic jobs (issue #15): horovodrun over the operator's discovery script ----------------
+
+def elastic(gpus, low, high):
+    return spec(gpus=gpus, min_gpus=low, max_gpus=high)
+
+
+@pytest.mark.parametrize(("low", "high", "per_node", "slots"), [
+    (2, 4, 8, 2), (8, 16, 8, 8), (3, 4, 8, 1), (4, 12, 2, 2), (6, 18, 8, 6), (1, 8, 8, 1),
+])
+def test_an_elastic_job_has_workers_of_a_size_that_divides_its_minimum_and_maximum(low, high, per_node, slots):
+    assert mpijob.elastic_slots(low, high, per_node) == slots
+
+
+@given(st.integers(1, 64), st.integers(0, 64), st.integers(1, 16))
+@settings(max_examples=300, deadline=None)
+def test_every_size_of_an_elastic_job_is_whole_workers_that_fit_a_node(low, more, per_node):
+    high = low + more
+    slots = mpijob.elastic_slots(low, high, per_node)
+    assert 1 <= slots <= per_node and low % slots == 0 and high % slots == 0
+
+
+def test_an_elastic_launcher_runs_horovodrun_on_the_operators_discovery_script_between_its_bounds():
+    job = mpijob.new_mpijob(elastic(8, 8, 16), CLUSTER)         # the mpirun cluster default changes nothing
+    command = containers(job, "Launcher")[0]["command"]
+    assert command[:command.index("python")] == [
+        "horovodrun", "-np", "8", "--min-np", "8", "--max-np", "16", "--slots-per-host", "8",
+        "--host-discovery-script", "/etc/mpi/discover_hosts.sh", "--blacklist-cooldown-range", "10", "60"]
+    assert command[command.index("python"):] == ["python", "/ringmaster/script/train.py", "--lr", "0.1"]
+    assert job["spec"]["slotsPerWorker"] == 8 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 1
+    assert job["metadata"]["annotations"] == {mpijob.BOUNDS_ANNOTATION: "1-2"}
+    assert mpijob.validate(job) is job
+
+
+def test_a_scale_patch_sets_the_worker_replicas_within_the_bounds_and_refuses_beyond():
+    assert mpijob.scale_patch(elastic(6, 2, 8), CLUSTER) == {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}}
+    assert mpijob.replica_bounds(elastic(6, 2, 8), CLUSTER) == (1, 4)
+    with pytest.raises(ValueError, match="outside the job's bounds"):
+        mpijob.scale_patch(elastic(10, 2, 8), CLUSTER)
+
+
+def test_the_last_worker_an_elastic_job_may_grow_to_must_have_a_valid_name():
+    long_name = spec(installation="x" * 49, min_gpus=1, max_gpus=20, gpus=1)
+    job = mpijob.new_mpijob(long_name, mpijob.ClusterSpec(namespace="a", gpus_per_node=1))
+    assert any("worker-19" in problem for problem in mpijob.controller_problems(job))
+    assert not mpijob.controller_problems(mpijob.new_mpijob(replace_spec(long_name, max_gpus=9),
+                                                            mpijob.ClusterSpec(namespace="a", gpus_per_node=1)))
+
+
+def replace_spec(item, **fields):
+    from dataclasses import replace
+    return replace(item, **fields)
