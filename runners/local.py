@@ -8,6 +8,9 @@ that dies or restarts does not take the training down; the next follower re-atta
 Where bubblewrap is installed, a job runs in a sandbox (runners.sandbox) that hides the portal's
 processes, data folder and secrets from it.
 
+A follower reads `output.log` as it grows and sleeps on inotify between writes (WriteWatch): a
+line reaches it as soon as a rank prints it, and an idle job costs no 20 ms polling.
+
 Every process of a job carries RINGMASTER_JOB_DIR (its folder) in its environment. cancel() uses
 it to find and kill all of them, including ranks that horovodrun moved into process groups of
 their own, and never another portal's job of the same number.
@@ -23,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+from inotify_simple import INotify
+from inotify_simple import flags as inotify_flags
 
 from . import gpus, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
@@ -35,6 +40,9 @@ JOB_MARKER = JOB_DIR_MARKER
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
+# A follower of a job that prints nothing wakes this often (Waiting: cancel, time limit, resize;
+# and is horovodrun still alive?): what a launcher killed without an exit code costs to notice.
+IDLE_WAKE_SECONDS = 0.25
 WRAPPER = EXIT_CODE_WRAPPER
 
 
@@ -43,8 +51,9 @@ class LocalRunner(Runner):
     HOSTS = "localhost:{}"
 
     def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi",
-                 sandbox=None):
+                 sandbox=None, idle_wake=IDLE_WAKE_SECONDS):
         self.jobs_dir = Path(jobs_dir)
+        self.idle_wake = idle_wake
         self.nvidia_smi = nvidia_smi
         self.sandbox = sandbox                 # runners.sandbox.Sandbox, or None: no isolation
         self.poll_interval = poll_interval
@@ -157,7 +166,7 @@ class LocalRunner(Runner):
                 return
             yield Waiting()
             time.sleep(self.poll_interval)
-        with open(log_path, "rb") as log:
+        with open(log_path, "rb") as log, WriteWatch(directory, self.poll_interval) as watch:
             log.seek(offset)
             while True:
                 data = log.read(READ_CHUNK)
@@ -168,7 +177,7 @@ class LocalRunner(Runner):
                 code = self._exit_code(directory)
                 if code is None and self._launcher_alive(directory):
                     yield Waiting()
-                    time.sleep(self.poll_interval)
+                    watch.wait(self.idle_wake)
                     continue
                 # Ended: the exit code is written after the last output, so one more read drains.
                 code = self._exit_code(directory)
@@ -225,6 +234,44 @@ class LocalRunner(Runner):
             self._signal_all(alive, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=1)
         raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")
+
+
+class WriteWatch:
+    """Wait until a file in a job's folder is written or renamed into it (output.log grows, the
+    exit code appears), or a timeout passes: inotify on the folder, set up before the first read
+    so no write between a read and the wait is missed. Where inotify cannot be had (the user's
+    max_user_instances used up), waits `fallback` seconds at a time, as polling did."""
+
+    MASK = inotify_flags.MODIFY | inotify_flags.MOVED_TO | inotify_flags.CLOSE_WRITE
+
+    def __init__(self, directory, fallback):
+        self.fallback = fallback
+        try:
+            self.inotify = INotify()
+        except OSError:
+            self.inotify = None
+            return
+        try:
+            self.inotify.add_watch(str(directory), self.MASK)
+        except OSError:
+            self.close()
+
+    def wait(self, timeout):
+        if self.inotify is None:
+            time.sleep(min(self.fallback, timeout))
+        else:
+            self.inotify.read(timeout=max(1, round(timeout * 1000)))   # every event so far, or none
+
+    def close(self):
+        if self.inotify is not None:
+            self.inotify.close()
+            self.inotify = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _replace(path, text):

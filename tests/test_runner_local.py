@@ -1,6 +1,7 @@
 """The local runner with real horovodrun: argv stays argv, and the portal's secrets stay out."""
 import json
 import sys
+import time
 
 from runners.base import JobSpec, Output
 from runners.local import LocalRunner
@@ -74,3 +75,35 @@ def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
     finally:
         mine.cancel(spec)
         theirs.cancel(spec)
+
+
+def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_ends(tmp_path):
+    """inotify, not a timer: with a 5 s idle wake-up, a quiet second costs a Waiting or two (the
+    20 ms poll it replaced: 50), yet a printed line and the end arrive well within a second."""
+    from runners.base import Exited, Waiting
+
+    spec = JobSpec(job_id=424250, gpus=1, python=sys.executable, script_name="s.py", script_path=None,
+                   script_content="import os, time\nprint('up', flush=True)\n"
+                                  "while not os.path.exists('go'): time.sleep(0.02)\nprint('went', flush=True)\n")
+    runner = LocalRunner(tmp_path, idle_wake=5)
+    runner.launch(spec)
+    events = runner.follow(spec, 0)
+    seen = b""
+    while b"up" not in seen:                       # horovodrun and the rank are up
+        event = next(events)
+        seen += event.data if isinstance(event, Output) else b""
+    quiet_until, waits = time.monotonic() + 1.0, 0
+    while time.monotonic() < quiet_until:
+        event = next(events)
+        assert not isinstance(event, (Output, Exited)), event
+        waits += isinstance(event, Waiting)
+    assert waits <= 2
+    (runner.job_dir(spec) / "go").touch()
+    touched = time.monotonic()
+    while b"went" not in seen:
+        event = next(events)
+        seen += event.data if isinstance(event, Output) else b""
+    assert time.monotonic() - touched < 1.0
+    while not isinstance(event, Exited):
+        event = next(events)
+    assert event.code == 0 and time.monotonic() - touched < 2.0
