@@ -128,11 +128,7 @@ def test_bad_kubernetes_input_names_the_field(alice_api, cluster, k8s_image, dat
 
 
 def test_an_elastic_kubernetes_job_grows_by_whole_workers_within_the_clusters_limit(alice_api, cluster, k8s_image):
-    cluster.gpu_limit = 24
-    cluster.save()
-    response = submit(alice_api, max_gpus=32)
-    assert response.status_code == 400
-    assert response.json()["max_gpus"] == ["Cluster gpu-east runs at most 24 GPUs at once."]
+    Cluster.objects.filter(pk=cluster.pk).update(gpu_limit=24)
     response = submit(alice_api, max_gpus=24)
     assert response.status_code == 201 and response.json()["max_gpus"] == 24
     document = render(Job.objects.get())     # 16 to 24 GPUs on 8-GPU nodes: 2 to 3 workers of 8
@@ -252,6 +248,9 @@ def test_a_job_larger_than_the_clusters_gpu_limit_is_refused_naming_it(alice_api
     response = submit(alice_api, gpus=16)
     assert response.status_code == 400
     assert response.json()["gpus"] == ["Cluster gpu-east runs at most 8 GPUs at once."]
+    response = submit(alice_api, gpus=8, max_gpus=16)            # nor may an elastic job grow past it
+    assert response.status_code == 400
+    assert response.json()["max_gpus"] == ["Cluster gpu-east runs at most 8 GPUs at once."]
 
 
 def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_user, alice, cluster, k8s_image):
