@@ -87,23 +87,26 @@ def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_en
                                   "while not os.path.exists('go'): time.sleep(0.02)\nprint('went', flush=True)\n")
     runner = LocalRunner(tmp_path, idle_wake=5)
     runner.launch(spec)
-    events = runner.follow(spec, 0)
-    seen = b""
-    while b"up" not in seen:                       # horovodrun and the rank are up
-        event = next(events)
-        seen += event.data if isinstance(event, Output) else b""
-    quiet_until, waits = time.monotonic() + 1.0, 0
-    while time.monotonic() < quiet_until:
-        event = next(events)
-        assert not isinstance(event, (Output, Exited)), event
-        waits += isinstance(event, Waiting)
-    assert waits <= 2
-    (runner.job_dir(spec) / "go").touch()
-    touched = time.monotonic()
-    while b"went" not in seen:
-        event = next(events)
-        seen += event.data if isinstance(event, Output) else b""
-    assert time.monotonic() - touched < 1.0
-    while not isinstance(event, Exited):
-        event = next(events)
-    assert event.code == 0 and time.monotonic() - touched < 2.0
+    try:
+        events = runner.follow(spec, 0)
+        seen = b""
+        while b"up" not in seen:                       # horovodrun and the rank are up
+            event = next(events)
+            seen += event.data if isinstance(event, Output) else b""
+        quiet_until, waits = time.monotonic() + 1.0, 0
+        while time.monotonic() < quiet_until:
+            event = next(events)
+            assert not isinstance(event, (Output, Exited)), event
+            waits += isinstance(event, Waiting)
+        assert waits <= 2
+        (runner.job_dir(spec) / "go").touch()
+        touched = time.monotonic()
+        while b"went" not in seen:
+            event = next(events)
+            seen += event.data if isinstance(event, Output) else b""
+        assert time.monotonic() - touched < 1.0
+        while not isinstance(event, Exited):
+            event = next(events)
+        assert event.code == 0 and time.monotonic() - touched < 2.0
+    finally:
+        runner.cancel(spec)                        # a failed check leaves no rank waiting for 'go'
