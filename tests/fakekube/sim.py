@@ -397,15 +397,7 @@ class JobRunner(threading.Thread):
                 return 1
             if i == 0 and sc.evict_worker is not None:
                 self.pause()
-                w = workers[sc.evict_worker]
-                self.fake.logs_close(w)
-                self.terminate(w, 137, "Error", "Evicted", "The node was low on resource: memory.")
-                self.pod_event(w, "Warning", "Evicted", "The node was low on resource: memory.")
-                msg = f"1/{self.workers} workers are evicted"
-                self.job_status(lambda st: st["replicaStatuses"].update(
-                    Worker={"active": self.workers - 1, "failed": 1}))
-                self.condition("Failed", "True", "MPIJobEvicted", msg)
-                self.job_event("Warning", "MPIJobEvicted", msg)
+                self.evict(workers[sc.evict_worker])
                 self.pause()
                 self.fake.logs_write(launcher, mpirun_error(self.name, self.ns, sc.evict_worker * self.slots,
                                                             sc.evict_worker))
@@ -459,10 +451,13 @@ class JobRunner(threading.Thread):
         return hosts
 
     def evict(self, w):
+        """The kubelet evicts worker `w`; the operator counts it and says MPIJobEvicted (Failed)
+        while the launcher runs on."""
         self.fake.logs_close(w)
         self.terminate(w, 137, "Error", "Evicted", "The node was low on resource: memory.")
         self.pod_event(w, "Warning", "Evicted", "The node was low on resource: memory.")
         msg = f"1/{self.workers} workers are evicted"
+        self.job_status(lambda st: st["replicaStatuses"].update(Worker={"active": self.workers - 1, "failed": 1}))
         self.condition("Failed", "True", "MPIJobEvicted", msg)
         self.job_event("Warning", "MPIJobEvicted", msg)
 
