@@ -39,6 +39,8 @@ from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, G
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
+POLLED_STATUS_SECONDS = 1.0    # polling output: is the launcher alive, when a read finds nothing
+STREAMED_STATUS_SECONDS = 5.0  # streaming: the stream ends with the launcher; this notices a silent host
 TROUBLE_SAID_AFTER = 10.0     # seconds of trouble reaching a host before the job's reason says so
 # The job-folder marker (unique per instance work directory): cancel kills what carries it, so
 # jobs of another portal (or another runner) with the same id on the same machine are safe.
@@ -236,6 +238,19 @@ cd -- "$1" 2>/dev/null || exit 44
 [ -f output.log ] || exit 44
 tail -c +"$2" output.log | head -c "$3"
 """
+# Stream output.log from byte $2 (1-based) as it grows until the job's launcher ends (GNU tail
+# follows with inotify, and --pid ends it once the launcher is gone, after a last read); exit 44
+# while there is no output.log, 45 where tail cannot follow a process (not GNU tail).
+STREAM = r"""
+cd -- "$1" 2>/dev/null || exit 44
+[ -f output.log ] || exit 44
+tail --pid="$$" -c +1 /dev/null >/dev/null 2>&1 || exit 45
+pid=$(cat pid 2>/dev/null)
+if [ -n "$pid" ] && [ ! -f exit_code ] && kill -0 "$pid" 2>/dev/null; then
+    exec tail -c +"$2" --pid="$pid" -f output.log
+fi
+exec tail -c +"$2" output.log
+"""
 # Is the launcher alive? $1 dir. Prints exit code if written, else alive/gone.
 STATUS = r"""
 cd -- "$1" 2>/dev/null || { echo missing; exit 0; }
@@ -346,12 +361,15 @@ def check(host, timeout=10.0):
 class SftpOutput:
     """Reads a job's output.log over SFTP (one open file, read where the follower is)."""
 
+    waits = False                    # the caller sleeps between reads that found nothing
+    status_every = POLLED_STATUS_SECONDS
+
     def __init__(self, client, directory, timeout):
         self.sftp = client.open_sftp()
         self.sftp.get_channel().settimeout(timeout)
         self.path, self.handle = f"{directory}/output.log", None
 
-    def read(self, offset, size):
+    def read(self, offset, size, final=False):
         """Up to `size` bytes from `offset`; FileNotFoundError while there is no output.log."""
         if self.handle is None:
             self.handle = self.sftp.open(self.path, "rb")
@@ -369,10 +387,13 @@ class SftpOutput:
 class ExecOutput:
     """Reads output.log over exec (tail | head), for an sshd without an SFTP subsystem."""
 
+    waits = False                    # the caller sleeps between reads that found nothing
+    status_every = POLLED_STATUS_SECONDS
+
     def __init__(self, client, directory, timeout):
         self.client, self.directory, self.timeout = client, directory, timeout
 
-    def read(self, offset, size):
+    def read(self, offset, size, final=False):
         code, out, err = execute(self.client, sh(READ, self.directory, str(offset + 1), str(size)),
                                  timeout=self.timeout, decode=False)
         if code == 44:
@@ -385,8 +406,103 @@ class ExecOutput:
         pass
 
 
-def open_output(client, directory, timeout):
-    """A reader of the job's output.log: SFTP where the server offers it, else exec."""
+class StreamOutput:
+    """Reads output.log through one long-lived exec channel (STREAM: `tail -f` from the byte
+    offset, ending with the job's launcher): a write reaches the follower as it happens, where
+    polling found it up to a poll interval later, and a quiet job costs no reads. On a host whose
+    tail cannot follow a process, reads by polling instead (`polling()`)."""
+
+    def __init__(self, client, directory, timeout, wait, polling):
+        self.client, self.directory, self.timeout, self.wait = client, directory, timeout, wait
+        self.channel, self.at, self.reopen_at, self.ended = None, None, 0.0, False
+        self._polling, self.polling = polling, None
+
+    @property
+    def waits(self):
+        """read() itself waits (up to `wait` seconds) for output: the caller need not sleep."""
+        return self.polling is None
+
+    @property
+    def status_every(self):
+        """How often the caller asks whether the launcher lives while no output comes: at once
+        when the stream ended (the launcher is gone), else now and then, to notice a host gone
+        silent."""
+        if self.polling is not None:
+            return self.polling.status_every
+        return 0.0 if self.ended else STREAMED_STATUS_SECONDS
+
+    def read(self, offset, size, final=False):
+        """Up to `size` bytes from `offset`, b"" if none came within `wait` seconds (`final`: the
+        launcher has ended, wait for the stream's end) or the stream ended (it reopens on the next
+        read); FileNotFoundError while there is no output.log."""
+        if self.polling is not None:
+            return self.polling.read(offset, size)
+        if self.channel is None or self.at != offset:
+            self._open(offset)
+        try:
+            self.channel.settimeout(self.timeout if final else self.wait)
+            data = self.channel.recv(size)
+        except socket.timeout:
+            if final:
+                raise InstanceError(f"no end of {self.directory}/output.log within {self.timeout:.0f} s") from None
+            return b""
+        if data:
+            self.at += len(data)
+            return data
+        code, err = self._ended()
+        if code == 44:
+            raise FileNotFoundError(f"{self.directory}/output.log")
+        if code == 45:
+            self.polling = self._polling()
+            return self.polling.read(offset, size)
+        if code != 0:
+            raise InstanceError(f"cannot read {self.directory}/output.log: {err or f'exit code {code}'}")
+        self.ended = True
+        return b""
+
+    def _open(self, offset):
+        self._close_channel()
+        pause = self.reopen_at - time.monotonic()
+        if pause > 0:                # the stream just ended: do not spin reopening it
+            time.sleep(pause)
+        channel = self.client.get_transport().open_session(timeout=self.timeout)
+        channel.exec_command(sh(STREAM, self.directory, str(offset + 1)))
+        channel.shutdown_write()
+        self.channel, self.at, self.ended = channel, offset, False
+
+    def _ended(self):
+        """The exit code and stderr of the stream that just reached its end."""
+        channel, self.channel = self.channel, None
+        self.reopen_at = time.monotonic() + self.wait
+        try:
+            deadline = time.monotonic() + self.timeout
+            while not channel.exit_status_ready():
+                transport = self.client.get_transport()
+                if transport is None or not transport.is_active() or time.monotonic() > deadline:
+                    raise InstanceError("the connection to the host dropped")
+                channel.status_event.wait(0.1)
+            err = channel.recv_stderr(4096) if channel.recv_stderr_ready() else b""
+            return channel.recv_exit_status(), err.decode(errors="replace").strip()
+        finally:
+            channel.close()
+
+    def _close_channel(self):
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def close(self):
+        self._close_channel()
+        if self.polling is not None:
+            self.polling.close()
+
+
+def open_output(client, directory, timeout, wait=None):
+    """A reader of the job's output.log: a stream that waits up to `wait` seconds per read where
+    `wait` is given; else, and where the host cannot stream, polling reads (SFTP where the server
+    offers it, else exec)."""
+    if wait is not None:
+        return StreamOutput(client, directory, timeout, wait, lambda: open_output(client, directory, timeout))
     try:
         return SftpOutput(client, directory, timeout)
     except paramiko.SSHException:          # "subsystem request failed": no SFTP on this sshd
@@ -536,21 +652,21 @@ class SSHRunner(Runner):
             client.close()
 
     def follow(self, spec, offset, cursor=None):
-        """Tail output.log on the first host from `offset` (SFTP reads, or exec where the server
-        has no SFTP), then Exited. Trouble reaching the host that lasts is said (Status) and,
-        after `lost_after` seconds, ends the follow."""
+        """Stream output.log on the first host from `offset` (polling it by SFTP or exec where
+        the host cannot stream), then Exited. Trouble reaching the host that lasts is said
+        (Status) and, after `lost_after` seconds, ends the follow."""
         host = self.first
         directory = host.job_dir(spec)
         client = reader = None
         trouble_since = None
         said_trouble = False
-        next_status = 0.0
+        last_status = -1e9
         try:
             while True:
                 try:
                     if client is None:
                         client = self._connect(host)
-                        reader = open_output(client, directory, max(self.connect_timeout, 30))
+                        reader = open_output(client, directory, max(self.connect_timeout, 30), self.poll_interval)
                     try:
                         data = reader.read(offset, READ_CHUNK)
                     except FileNotFoundError:
@@ -570,19 +686,19 @@ class SSHRunner(Runner):
                         offset += len(data)
                         continue
                     now = time.monotonic()
-                    if now < next_status:
+                    if now - last_status < reader.status_every:
                         yield Waiting()
-                        time.sleep(self.poll_interval)
+                        reader.waits or time.sleep(self.poll_interval)
                         continue
-                    next_status = now + 1.0
+                    last_status = now
                     code, out, _ = execute(client, sh(STATUS, directory))
                     status = out.strip()
                     if status == "alive":
                         yield Waiting()
-                        time.sleep(self.poll_interval)
+                        reader.waits or time.sleep(self.poll_interval)
                         continue
                     # Ended: the exit code is written after the last output, so drain once more.
-                    rest = reader.read(offset, READ_CHUNK)
+                    rest = reader.read(offset, READ_CHUNK, final=True)
                     if rest:
                         yield Output(rest, offset)
                         offset += len(rest)

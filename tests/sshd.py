@@ -39,7 +39,7 @@ def free_port_on(addresses):
 
 
 class Sshd:
-    def __init__(self, directory, address, port, user_public_key, sftp=True):
+    def __init__(self, directory, address, port, user_public_key, sftp=True, path_first=None):
         self.directory, self.address, self.port = Path(directory), address, port
         self.host_key = keygen(self.directory / f"host_key_{address}")
         authorized = self.directory / "authorized_keys"
@@ -65,7 +65,9 @@ class Sshd:
             "PrintMotd no",
             "MaxStartups 100:30:200",
             "MaxSessions 100",
-            f"SetEnv PATH={VENV_BIN}:/usr/local/bin:/usr/bin:/bin HOME={self.home}",
+            # path_first: a folder of commands that stand in for the host's own (another tail...)
+            f"SetEnv PATH={f'{path_first}:' if path_first else ''}{VENV_BIN}:/usr/local/bin:/usr/bin:/bin "
+            f"HOME={self.home}",
             *(["Subsystem sftp internal-sftp"] if sftp else []),   # off: an sshd that offers exec only
             "LogLevel ERROR",
         ]) + "\n")

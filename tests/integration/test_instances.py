@@ -403,3 +403,88 @@ def test_a_follower_that_cannot_reach_the_host_says_so_and_then_gives_up(sshds, 
         server.start()
         runner.cancel(spec)
         server.stop()
+
+
+def runner_on(sshds, server, tmp_path, **options):
+    from runners.ssh import Host, SSHRunner
+
+    host = Host(name="solo", address=server.address, port=server.port, user="root",
+                private_key=sshds["key"].read_text(), slots=1, work_dir=str(tmp_path / "work"),
+                network_interface="lo")
+    return SSHRunner([host], connect_timeout=5, **options)
+
+
+def script_spec(job_id, text):
+    from runners.base import JobSpec
+
+    return JobSpec(job_id=job_id, gpus=1, python="python", script_name="job.py", script_content=text,
+                   script_path=None)
+
+
+def test_a_line_reaches_the_follower_as_it_is_written_not_at_the_next_poll(sshds, tmp_path):
+    """The follower streams output.log (one `tail -f` channel) instead of polling it: with reads
+    5 s apart, each of 7 lines printed 1 s apart still arrives at once (polling: one of them at
+    least 4 s late)."""
+    from runners.base import Exited, Output
+
+    port = sshd.free_port_on(["127.0.0.6"])
+    server = sshd.Sshd(tmp_path, "127.0.0.6", port, f"{sshds['key']}.pub").start()
+    runner = runner_on(sshds, server, tmp_path, poll_interval=5)
+    spec = script_spec(990002, "import time\nfor i in range(7):\n    print(f'tick {time.time():.6f}', flush=True)\n"
+                               "    time.sleep(1)\ntime.sleep(600)\n")
+    runner.launch(spec)
+    events = runner.follow(spec, 0)
+    try:
+        seen, lags = b"", []
+        for event in events:
+            assert not isinstance(event, Exited), event
+            if isinstance(event, Output):
+                seen += event.data
+                *complete, seen = seen.split(b"\n")
+                lags += [time.time() - float(found.group(1))
+                         for found in map(re.compile(rb"tick (\d+\.\d+)$").search, complete) if found]
+                if len(lags) == 7:
+                    break
+        assert max(lags) < 1.5, f"lines arrived {', '.join(f'{lag:.2f}' for lag in lags)} s after they were printed"
+    finally:
+        events.close()
+        runner.cancel(spec)
+        server.stop()
+
+
+@pytest.mark.parametrize("sftp", [True, False], ids=["sftp", "exec-only"])
+def test_a_host_whose_tail_cannot_follow_a_process_is_read_by_polling(sshds, tmp_path, sftp):
+    """busybox's or BSD's tail has no --pid: the follower polls (SFTP, or exec where the server
+    has none) and still reads every line and the exit code, from a byte offset too."""
+    from runners.base import Exited, Output
+
+    commands = tmp_path / "bin"
+    commands.mkdir()
+    tried = tmp_path / "tail-tried-to-follow"
+    (commands / "tail").write_text(f'#!/bin/sh\ncase "$*" in *--pid*) : > {tried}; '
+                                   'echo "tail: unrecognized option: pid" >&2; exit 1;; esac\n'
+                                   'exec /usr/bin/tail "$@"\n')
+    (commands / "tail").chmod(0o755)
+    port = sshd.free_port_on(["127.0.0.7"])
+    server = sshd.Sshd(tmp_path, "127.0.0.7", port, f"{sshds['key']}.pub", sftp=sftp, path_first=commands).start()
+    runner = runner_on(sshds, server, tmp_path, poll_interval=0.1)
+    spec = script_spec(990003, "import sys, time\nfor i in range(30):\n    print(f'line={i}', flush=True)\n"
+                               "    time.sleep(0.02)\nsys.exit(3)\n")
+    try:
+        runner.launch(spec)
+        seen, ended = b"", None
+        for event in runner.follow(spec, 0):
+            if isinstance(event, Output):
+                assert event.offset == len(seen)
+                seen += event.data
+            elif isinstance(event, Exited):
+                ended = event
+                break
+        assert tried.exists(), "the follower did not try to stream first"
+        assert re.findall(rb"line=(\d+)", seen) == [str(i).encode() for i in range(30)]
+        assert ended.code == 1                       # horovodrun's exit code for a failed rank
+        again = b"".join(event.data for event in runner.follow(spec, 100) if isinstance(event, Output))
+        assert again == seen[100:]                   # a new follower resumes at its byte offset
+    finally:
+        runner.cancel(spec)
+        server.stop()
