@@ -17,8 +17,9 @@ def dispatch(job_id=None):
 
 @shared_task
 def run_job(job_id):
-    """Launch and follow one job to its end (long: as long as the job runs)."""
-    follow.run(job_id)
+    """Launch one job; a thread of the worker's own follows it to its end, so the task (and the
+    pool's thread) is done once the launch is."""
+    follow.start(job_id)
 
 
 @shared_task(acks_late=True)

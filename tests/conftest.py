@@ -258,13 +258,15 @@ def restartable_portal(service_env, tmp_path):
 
 
 def wait_worker_idle(worker):
-    """Every task the worker received has finished (so the test database can be flushed without
-    racing a dispatch the worker is still running)."""
+    """Every task the worker received has finished, and every job it followed (so the test
+    database can be flushed without racing a dispatch or a follower the worker still runs)."""
     def idle():
         log = worker.output().rpartition("ready.")[2]     # tasks of a killed worker never finish
         received = set(re.findall(r"\[([0-9a-f-]{36})\] received", log))
         done = set(re.findall(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|failed)", log))
-        return received <= done
+        following = re.findall(r"job (\d+): following$", log, re.M)
+        ended = re.findall(r"job (\d+): follow ended$", log, re.M)
+        return received <= done and sorted(following) == sorted(ended)
     wait_for(idle, timeout=60, interval=0.3, message="the worker to finish its tasks")
 
 

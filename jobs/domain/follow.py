@@ -3,15 +3,20 @@
 A follower claims a job (Job.follower, refreshed by a heartbeat). If its worker dies, the claim
 goes stale and reconcile() starts a new follower, which re-attaches where the stored output ends
 (runners are idempotent, the log store is a compare-and-set), so nothing is lost or repeated.
+
+The run_job task launches; the follow runs in a thread of the worker process, not of the task
+pool, so jobs being followed never keep a launch (or a cancel) waiting for a free pool thread.
 """
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -87,28 +92,63 @@ def hand_over(job):
 
 
 def run(job_id):
-    """Launch (if needed) and follow one job until it ends. Safe to call more than once."""
+    """Launch (if needed) and follow one job until it ends, returning then. Safe to call more
+    than once."""
+    following = start(job_id)
+    if following is not None:
+        following.join()
+
+
+def start(job_id):
+    """Launch the job if it is LAUNCHING, then follow it to its end in a thread of its own: the
+    caller (a worker's task) is free again once the launch is done, so a launch never waits for
+    a worker thread that follows a running job. Returns that thread; None when there is nothing
+    to follow (the job ended, or another follower holds it)."""
     me = follower_id()
     if not claim(job_id, me):
         log.info("job %s: not active or followed elsewhere", job_id)
-        return
+        return None
     try:
-        _run(job_id, me)
-    finally:
+        launched = _launch(job_id)
+    except BaseException:
         release(job_id, me)
+        raise
+    if launched is None:
+        release(job_id, me)
+        return None
+    following = threading.Thread(target=_follow_to_end, args=(job_id, me, *launched), daemon=True,
+                                 name=f"follow-job-{job_id}")
+    following.start()
+    return following
 
 
-def _run(job_id, me):
+def _follow_to_end(job_id, me, runner, spec):
+    log.info("job %s: following", job_id)
+    try:
+        _follow(job_id, me, runner, spec)
+    except Exception:
+        # The claim is released: the next reconcile hands the job to a new follower.
+        log.exception("job %s: its follower failed", job_id)
+    finally:
+        try:
+            release(job_id, me)
+        finally:
+            connection.close()              # this thread's own; the next follow opens another
+            log.info("job %s: follow ended", job_id)
+
+
+def _launch(job_id):
+    """Launch a LAUNCHING job; (runner, spec) to follow it with, or None if it ended instead."""
     job = _load(job_id)
     backend = backends.of(job)
     runner = _runner_or_fail(job)
     if runner is None:
-        return
+        return None
     spec = job_spec(job)
     if job.state == State.LAUNCHING:
         if job.cancel_requested:
             states.transition(job_id, State.CANCELLED, expect={State.LAUNCHING}, message="cancelled before launch")
-            return
+            return None
         try:
             started = runner.launch(spec)
         except Exception as exc:
@@ -116,14 +156,14 @@ def _run(job_id, me):
             backend.after_launch(job, runner, exc)
             states.transition(job_id, State.FAILED, expect={State.LAUNCHING}, reason=f"launch failed: {exc}"[:500])
             _after_end()
-            return
+            return None
         backend.after_launch(job, runner)
         if runner.reports_running:
             # The job runs when the runner says so (follow yields Running); until then, say what happened.
             states.set_reason(job_id, started.detail)
         else:
             _now_running(job_id, started.detail)
-    _follow(job_id, me, runner, spec)
+    return runner, spec
 
 
 def _now_running(job_id, detail):

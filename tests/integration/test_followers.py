@@ -95,9 +95,9 @@ def services(service_env, tmp_path_factory):
     logs = tmp_path_factory.mktemp("follower-logs")
     workers = []
 
-    def start_worker(name):
+    def start_worker(name, concurrency=4):
         worker = Service(name, [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads",
-                                "--concurrency", "4", "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO",
+                                "--concurrency", str(concurrency), "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO",
                                 "--without-gossip", "--without-mingle", "-Q", queue],
                          env, logs / f"{name}.log").start()
         workers.append(worker)
@@ -172,6 +172,22 @@ def test_a_stale_follower_is_replaced_and_the_log_has_no_gap_or_repeat(api):
     _resume(first)                                           # the old one wakes up and must write nothing
 
     assert_succeeded_with_every_line(job_id, 80)
+
+
+def test_jobs_being_followed_never_keep_a_launch_waiting(api):
+    """A worker with one pool thread and three 20 s jobs: each is launched while the ones before
+    it are followed (in threads outside the pool), so all three run at once. (Following in the
+    pool, the second started only when the first ended: with the default 16 threads the 17th job
+    sat LAUNCHING.)"""
+    api.start_worker("single", concurrency=1)
+    script = upload(api)
+    jobs = [submit(api, gpus=1, script=script, args=["--lines", "100", "--interval", "0.2"]) for _ in range(3)]
+
+    wait_for(lambda: all(job.state == State.RUNNING and job.next_seq > 0 for job in Job.objects.filter(pk__in=jobs)),
+             timeout=60, interval=0.2, message="all three jobs to run and print")
+    assert not Job.objects.filter(pk__in=jobs, state__in=ENDED).exists()     # at once, not one after another
+    for job_id in jobs:
+        assert_succeeded_with_every_line(job_id, 100, ranks=(0,))
 
 
 @pytest.fixture
