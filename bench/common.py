@@ -64,12 +64,13 @@ def _create_database(url):
         conn.close()
 
 
-def setup(reset=True):
+def setup(reset=True, embedded=False):
     """Point Django at the bench database (created and migrated if needed) and a fresh data
-    folder; empty the job tables and the bench Redis database."""
+    folder; empty the job tables and the bench Redis database. `embedded`: neither, as `make run`
+    with nothing set (SQLite and the filesystem broker in the fresh data folder)."""
     global DATA_DIR
     name = urlparse(BENCH_DATABASE_URL).path.lstrip("/")
-    if "bench" not in name:
+    if "bench" not in name and not embedded:
         raise SystemExit(f"refusing to use database {name!r}: a benchmark empties it (name it *bench*)")
     DATA_DIR = Path(tempfile.mkdtemp(prefix="ringmaster-bench-"))
     if os.environ.get("BENCH_KEEP"):
@@ -77,9 +78,11 @@ def setup(reset=True):
     else:
         atexit.register(shutil.rmtree, DATA_DIR, True)
     (DATA_DIR / "logs").mkdir()
+    os.environ.update({} if embedded else {"DATABASE_URL": BENCH_DATABASE_URL, "REDIS_URL": BENCH_REDIS_URL})
+    if embedded:
+        for setting in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
+            os.environ.pop(setting, None)
     os.environ.update({
-        "DATABASE_URL": BENCH_DATABASE_URL,
-        "REDIS_URL": BENCH_REDIS_URL,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "RINGMASTER_DATA_DIR": str(DATA_DIR),
         "RINGMASTER_JOBS_DIR": str(DATA_DIR / "jobs"),
@@ -92,14 +95,15 @@ def setup(reset=True):
         from cryptography.fernet import Fernet
 
         os.environ["RINGMASTER_FERNET_KEYS"] = Fernet.generate_key().decode()
-    _create_database(BENCH_DATABASE_URL)
+    if not embedded:
+        _create_database(BENCH_DATABASE_URL)
     import django
 
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    if reset:
+    if reset and not embedded:
         reset_data()
 
 

@@ -8,9 +8,13 @@ runners.output extracted from the job's "Total img/sec on 2 CPU(s): ..." line. D
 argv and environment the local runner builds (LocalRunner.command / .environment), run with
 subprocess in a scratch folder and a session of its own, its output parsed by the same runners.output functions. Runs
 alternate portal/direct in ABBA order; the ratio of the medians is reported (goal >= 0.98).
-On this machine the ranks run on CPUs (no GPU is lent): each "GPU" is one CPU process.
+On this machine the ranks run on CPUs (no GPU is lent): each "GPU" is one CPU process, and
+(unless --no-pin) rank i is pinned to CPU i, so ranks neither migrate nor share a core with
+each other: what varies between runs is what else runs beside them. Besides each run's total,
+every rank's per-iteration img/s is kept: their medians per run give the ratio a second reading.
 
-    .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10]
+    .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10] [--no-pin]
+                                       [--embedded]
 """
 import argparse
 import shutil
@@ -26,6 +30,12 @@ from bench import common  # noqa: E402
 GOAL = 0.98
 SCRIPT = common.ROOT / "jobs" / "examples" / "synthetic_benchmark.py"
 METRIC = "total_img_per_sec"
+PER_ITER = "img_per_sec"
+# Put before the benchmark's own text: each rank on one CPU of its own (its local rank's).
+PIN = """import os as _os
+_cpus = sorted(_os.sched_getaffinity(0))
+_os.sched_setaffinity(0, {_cpus[int(_os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(_cpus)]})
+"""
 
 
 def api(session, method, path, **kwargs):
@@ -45,7 +55,8 @@ def portal_run(session, script_id, args, gpus):
     assert job.state == State.SUCCEEDED, (job.state, job.reason)
     points = list(MetricPoint.objects.filter(job_id=job_id, name=METRIC).values_list("value", flat=True))
     assert len(points) == 1, f"expected one {METRIC} point, got {points}"
-    return points[0], (job.finished_at - job.started_at).total_seconds()
+    per_iter = list(MetricPoint.objects.filter(job_id=job_id, name=PER_ITER).values_list("value", flat=True))
+    return points[0], common.median(per_iter), (job.finished_at - job.started_at).total_seconds()
 
 
 def direct_run(spec, runner, scratch):
@@ -67,7 +78,8 @@ def direct_run(spec, runner, scratch):
     assert done.returncode == 0, done.stdout.decode(errors="replace")[-2000:]
     values = [m.value for line in lines for m in extract_metrics(line.text) if m.name == METRIC]
     assert len(values) == 1, f"expected one {METRIC} line, got {values}"
-    return values[0], elapsed
+    per_iter = [m.value for line in lines for m in extract_metrics(line.text) if m.name == PER_ITER]
+    return values[0], common.median(per_iter), elapsed
 
 
 def main():
@@ -76,40 +88,46 @@ def main():
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--num-iters", type=int, default=20)
     parser.add_argument("--num-batches-per-iter", type=int, default=10)
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the kernel place the ranks")
+    parser.add_argument("--embedded", action="store_true",
+                        help="the portal as `make run` with nothing set: SQLite, no Redis")
     args = parser.parse_args()
 
-    common.setup()
+    common.setup(embedded=args.embedded)
     from runners.base import JobSpec
     from runners.local import LocalRunner
 
     script_args = ["--num-iters", str(args.num_iters), "--num-batches-per-iter", str(args.num_batches_per_iter)]
     runner = LocalRunner(common.jobs_root() / "direct")   # under the jobs folder: cleaned up at the end
+    script = (PIN if args.pin else "") + SCRIPT.read_text()
     spec = JobSpec(job_id=0, gpus=args.gpus, python=common.PYTHON, script_name=SCRIPT.name,
-                   script_content=SCRIPT.read_text(), script_path=None, args=tuple(script_args))
-    common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal vs horovodrun")
-    print("direct command: " + " ".join(runner.command(spec)))
+                   script_content=script, script_path=None, args=tuple(script_args))
+    common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal "
+                  f"({'embedded: SQLite, no Redis' if args.embedded else 'PostgreSQL and Redis'}) vs horovodrun")
+    print("direct command: " + " ".join(runner.command(spec)) + ("  (ranks pinned to CPUs)" if args.pin else ""))
     user, token = common.bench_user()
     common.bench_image()
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
-    results = {"portal": [], "direct": [], "worker_cpu": [], "web_cpu": []}
+    results = {"portal": [], "direct": [], "portal_iter": [], "direct_iter": [], "worker_cpu": [], "web_cpu": []}
     with common.Services() as services:
         session = common.api_session(services.web(), token)
         web = services.started[-1]
         worker = services.worker(concurrency=4)
-        script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, SCRIPT.read_bytes())})["id"]
+        script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, script.encode())})["id"]
         for pair, kinds in enumerate(order):
             for kind in kinds:
                 if kind == "portal":
                     before = common.cpu_seconds(worker), common.cpu_seconds(web)
-                    value, seconds = portal_run(session, script_id, script_args, args.gpus)
+                    value, per_iter, seconds = portal_run(session, script_id, script_args, args.gpus)
                     cpu = [common.cpu_seconds(worker) - before[0], common.cpu_seconds(web) - before[1]]
                     results["worker_cpu"].append(cpu[0] / seconds)
                     results["web_cpu"].append(cpu[1] / seconds)
                 else:
-                    value, seconds = direct_run(spec, runner, runner.job_dir(spec))
+                    value, per_iter, seconds = direct_run(spec, runner, runner.job_dir(spec))
                 results[kind].append(value)
-                print(f"pair {pair + 1}, {kind:>6}: {value:8.1f} img/s total ({seconds:.0f} s from start to end) "
-                      f"| {common.machine()}")
+                results[f"{kind}_iter"].append(per_iter)
+                print(f"pair {pair + 1}, {kind:>6}: {value:8.1f} img/s total, per rank and iteration median "
+                      f"{per_iter:6.1f} ({seconds:.0f} s from start to end) | {common.machine()}")
 
     portal, direct = common.median(results["portal"]), common.median(results["direct"])
     ratio = portal / direct
@@ -118,6 +136,9 @@ def main():
     print(f"median through the portal: {portal:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['portal'])})")
     print(f"median direct horovodrun:  {direct:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['direct'])})")
     print(f"pair ratios: {', '.join(f'{r:.3f}' for r in pair_ratios)}")
+    iter_ratio = common.median(results["portal_iter"]) / common.median(results["direct_iter"])
+    print(f"per rank and iteration, ratio of the medians of the runs' medians: {iter_ratio:.3f} (pairs: "
+          f"{', '.join(f'{p / d:.3f}' for p, d in zip(results['portal_iter'], results['direct_iter']))})")
     print(f"portal's own CPU while a job ran: Celery worker {common.median(results['worker_cpu']) * 100:.1f}% of a core "
           f"(the follower), uvicorn {common.median(results['web_cpu']) * 100:.1f}% (median over runs)")
     print(f"RESULT training ratio (portal / direct) = {ratio:.3f} (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")

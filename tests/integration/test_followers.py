@@ -179,15 +179,20 @@ def test_jobs_being_followed_never_keep_a_launch_waiting(api):
     it are followed (in threads outside the pool), so all three run at once. (Following in the
     pool, the second started only when the first ended: with the default 16 threads the 17th job
     sat LAUNCHING.)"""
-    api.start_worker("single", concurrency=1)
-    script = upload(api)
-    jobs = [submit(api, gpus=1, script=script, args=["--lines", "100", "--interval", "0.2"]) for _ in range(3)]
+    single = api.start_worker("single", concurrency=1)
+    try:
+        script = upload(api)
+        jobs = [submit(api, gpus=1, script=script, args=["--lines", "100", "--interval", "0.2"]) for _ in range(3)]
 
-    wait_for(lambda: all(job.state == State.RUNNING and job.next_seq > 0 for job in Job.objects.filter(pk__in=jobs)),
-             timeout=60, interval=0.2, message="all three jobs to run and print")
-    assert not Job.objects.filter(pk__in=jobs, state__in=ENDED).exists()     # at once, not one after another
-    for job_id in jobs:
-        assert_succeeded_with_every_line(job_id, 100, ranks=(0,))
+        wait_for(lambda: all(job.state == State.RUNNING and job.next_seq > 0
+                             for job in Job.objects.filter(pk__in=jobs)),
+                 timeout=60, interval=0.2, message="all three jobs to run and print")
+        assert not Job.objects.filter(pk__in=jobs, state__in=ENDED).exists()     # at once, not one after another
+        for job_id in jobs:
+            assert_succeeded_with_every_line(job_id, 100, ranks=(0,))
+        wait_worker_idle(single)
+    finally:
+        single.stop()                  # later tests of this module get a worker of the usual size
 
 
 @pytest.fixture
