@@ -67,6 +67,8 @@ def direct_run(spec, runner, scratch):
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
     (scratch / spec.script_name).write_text(spec.script_content)
+    name, content = spec.argv_file()             # what the rank launcher (ringmaster_rank) runs
+    (scratch / name).write_bytes(content)
     start = time.time()
     # A session of its own, as in a terminal and as the local runner does: with the kernel's
     # autogroup scheduling, a session is what CPU time is shared between on a busy machine.
