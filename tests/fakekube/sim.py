@@ -35,6 +35,9 @@ class Scenario:
     # An elastic job (a launcher running horovodrun --host-discovery-script) that waits below its
     # minimum this long fails, as Horovod does after its elastic timeout.
     elastic_timeout: float = 60.0
+    # How long a worker pod that an elastic job's operator makes while it runs (a replacement, a
+    # growth) stays Pending before it runs: a real one waits for its node, image and sshd.
+    worker_start_seconds: float = 0.0
 
 
 def default_output(np, steps=3):
@@ -65,6 +68,7 @@ class JobRunner(threading.Thread):
         self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
         self.uid = job["metadata"]["uid"]
         self.sc = scenario
+        self.starting = {}                    # worker pod name -> when it starts running (sync_workers)
         self.released = threading.Event()     # release_unschedulable()
         spec = job["spec"]
         self.replica = spec["mpiReplicaSpecs"]
@@ -429,9 +433,14 @@ class JobRunner(threading.Thread):
                 self.fake.delete_pod(self.ns, pod["metadata"]["name"])
         workers = []
         for i in range(replicas):
-            pod = self.store.get("pods", self.ns, f"{self.name}-worker-{i}")
+            name = f"{self.name}-worker-{i}"
+            pod = self.store.get("pods", self.ns, name)
             if pod is None:
-                pod = self.run_container(self.schedule(self.make_pod("worker", i)))
+                pod = self.schedule(self.make_pod("worker", i))
+                self.starting[name] = time.monotonic() + self.sc.worker_start_seconds
+            if name in self.starting and time.monotonic() >= self.starting[name]:
+                del self.starting[name]
+                pod = self.run_container(pod)
             workers.append(pod)
         self.workers = replicas
         return workers
