@@ -140,14 +140,18 @@ def test_search_shows_each_hit_with_its_context_and_jumps_to_it_in_the_full_log(
     assert 500 in in_sight and in_sight == list(range(in_sight[0], in_sight[0] + len(in_sight))), in_sight
 
     # Scrolling down reads on through the rest of the log, to its end.
+    checks = []
+
     def scrolled_to_end():
         # At the end only when the last line is loaded and the view is still scrolled to the bottom
-        # after that load (a load that lands after the scroll leaves the view above the new end).
+        # after that load, at two checks in a row (a load that lands after the scroll leaves the
+        # view above the new end; once, with every line held, the view sat mid-log after a check).
         at_bottom = page.locator("#log").evaluate(
             "el => { const bottom = el.scrollTop + el.clientHeight >= el.scrollHeight - 2;"
             " el.scrollTop = el.scrollHeight; return bottom; }")
-        return at_bottom and held(page)[2] == total - 1
-    wait_for(scrolled_to_end, timeout=30, message="the lines after the jump to load on scroll")
+        checks.append(at_bottom and held(page)[2] == total - 1)
+        return checks[-2:] == [True, True]
+    wait_for(scrolled_to_end, timeout=30, interval=0.3, message="the lines after the jump to load on scroll")
     store(job, [(1, "a live line")])
     expect(page.locator("#log .line").last).to_have_text("1a live line")
 
