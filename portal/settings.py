@@ -227,6 +227,8 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
+# The database connections a worker process's followers share, however many jobs it follows.
+RINGMASTER_FOLLOWER_DB_CONNECTIONS = int(os.environ.get("RINGMASTER_FOLLOWER_DB_CONNECTIONS", "8"))
 # A job stuck in LAUNCHING this long fails.
 RINGMASTER_LAUNCH_TIMEOUT_SECONDS = int(os.environ.get("RINGMASTER_LAUNCH_TIMEOUT_SECONDS", "300"))
 # An elastic job is resized only once it has run this long: Horovod's driver drops a change of

@@ -6,6 +6,9 @@ goes stale and reconcile() starts a new follower, which re-attaches where the st
 
 The run_job task launches; the follow runs in a thread of the worker process, not of the task
 pool, so jobs being followed never keep a launch (or a cancel) waiting for a free pool thread.
+That thread holds no database connection of its own: it borrows one of the few its worker's
+followers share (dbpool) for what each event of its job asks, so the number of jobs a worker
+follows is not bounded by PostgreSQL's max_connections.
 """
 import logging
 import os
@@ -16,13 +19,12 @@ from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import elastic, failure, states, telemetry
+from jobs.domain import dbpool, elastic, failure, states, telemetry
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
@@ -131,9 +133,9 @@ def _follow_to_end(job_id, me, runner, spec):
         log.exception("job %s: its follower failed", job_id)
     finally:
         try:
-            release(job_id, me)
+            with dbpool.borrowed():
+                release(job_id, me)
         finally:
-            connection.close()              # this thread's own; the next follow opens another
             log.info("job %s: follow ended", job_id)
 
 
@@ -201,12 +203,13 @@ def _runner_or_fail(job):
 
 
 def _follow(job_id, me, runner, spec):
-    job = Job.objects.get(pk=job_id)
+    with dbpool.borrowed():
+        job = Job.objects.get(pk=job_id)
+        if spec.elastic:
+            # A follower that takes over mid-resize applies what the scheduler decided last.
+            spec = replace(spec, gpus=_apply_size(job_id))
     splitter = OutputSplitter(state=job.output_state or None)
     offset = job.output_offset
-    if spec.elastic:
-        # A follower that takes over mid-resize applies what the scheduler decided last.
-        spec = replace(spec, gpus=_apply_size(job_id))
     with telemetry.Sampler(job_id, runner.system_probe(spec)):
         lost = _follow_events(job_id, me, runner, spec, job, splitter, offset)
     if lost:
@@ -221,66 +224,67 @@ def _follow_events(job_id, me, runner, spec, job, splitter, offset):
     stop_reason = None
     # Breaking out of the loop closes the runner's generator: that is how a follow stops.
     for event in runner.follow(spec, offset, cursor=job.follow_cursor or None):
-        if isinstance(event, Output):
-            lines = splitter.feed(event.data)
-            end = event.offset + len(event.data)
-            if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                 cursor=event.cursor):
-                lost = True
-                break
-        elif isinstance(event, Running):
-            _now_running(job_id, event.detail)
-        elif isinstance(event, Status):
-            states.set_reason(job_id, event.reason)
-        elif isinstance(event, Exited):
-            lines = splitter.finish()
-            job = Job.objects.get(pk=job_id)
-            if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
-                                           splitter.state(), follower=me):
-                lost = True
-                break
-            if stop_reason or job.cancel_requested:
-                # The launcher may have gone first (a cancel elsewhere signals it before the
-                # ranks): the job ends only once every one of its processes has.
-                runner.cancel(spec)
-            finish(job_id, event, stop_reason)
-            return False
-        now = time.monotonic()
-        if spec.elastic and stop_reason is None and now >= next_size_check:
-            # The scheduler resized the job: Horovod picks it up within a second of this.
-            next_size_check = now + SIZE_CHECK_SECONDS
-            size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
-            if size and size != spec.gpus:
-                try:
-                    spec = replace(spec, gpus=_apply_size(job_id))
-                except Exception:                    # a host it grows onto is away: try again soon
-                    log.exception("job %s: applying its size %s failed", job_id, size)
-                    next_size_check = now + HOST_CHECK_SECONDS
-        if now >= next_check:
-            next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
-            if not heartbeat(job_id, me):
-                lost = True
-                break
-            job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus",
-                                   "backend").get(pk=job_id)
-            if spec.elastic and stop_reason is None:
-                if now >= next_host_check:
-                    next_host_check = now + HOST_CHECK_SECONDS
+        with dbpool.borrowed():     # given back before the runner's next event is waited for
+            if isinstance(event, Output):
+                lines = splitter.feed(event.data)
+                end = event.offset + len(event.data)
+                if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                     cursor=event.cursor):
+                    lost = True
+                    break
+            elif isinstance(event, Running):
+                _now_running(job_id, event.detail)
+            elif isinstance(event, Status):
+                states.set_reason(job_id, event.reason)
+            elif isinstance(event, Exited):
+                lines = splitter.finish()
+                job = Job.objects.get(pk=job_id)
+                if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
+                                               splitter.state(), follower=me):
+                    lost = True
+                    break
+                if stop_reason or job.cancel_requested:
+                    # The launcher may have gone first (a cancel elsewhere signals it before the
+                    # ranks): the job ends only once every one of its processes has.
+                    runner.cancel(spec)
+                finish(job_id, event, stop_reason)
+                return False
+            now = time.monotonic()
+            if spec.elastic and stop_reason is None and now >= next_size_check:
+                # The scheduler resized the job: Horovod picks it up within a second of this.
+                next_size_check = now + SIZE_CHECK_SECONDS
+                size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
+                if size and size != spec.gpus:
                     try:
-                        backends.of(job).watch_hosts(job)
-                    except Exception:                # never the end of the job's follower
-                        log.exception("job %s: looking at its hosts failed", job_id)
-                if not settled and job.started_at and job.started_at <= elastic.settled_since():
-                    settled = True
-                    taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
-            if job.cancel_requested and stop_reason is None:
-                stop_reason = "cancel"
-                runner.cancel(spec)
-            elif stop_reason is None and job.started_at and timezone.now() - job.started_at > timedelta(
-                minutes=job.time_limit_minutes
-            ):
-                stop_reason = failure.time_limit_reason(job)
-                runner.cancel(spec)
+                        spec = replace(spec, gpus=_apply_size(job_id))
+                    except Exception:                    # a host it grows onto is away: try again soon
+                        log.exception("job %s: applying its size %s failed", job_id, size)
+                        next_size_check = now + HOST_CHECK_SECONDS
+            if now >= next_check:
+                next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
+                if not heartbeat(job_id, me):
+                    lost = True
+                    break
+                job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus",
+                                       "backend").get(pk=job_id)
+                if spec.elastic and stop_reason is None:
+                    if now >= next_host_check:
+                        next_host_check = now + HOST_CHECK_SECONDS
+                        try:
+                            backends.of(job).watch_hosts(job)
+                        except Exception:                # never the end of the job's follower
+                            log.exception("job %s: looking at its hosts failed", job_id)
+                    if not settled and job.started_at and job.started_at <= elastic.settled_since():
+                        settled = True
+                        taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
+                if job.cancel_requested and stop_reason is None:
+                    stop_reason = "cancel"
+                    runner.cancel(spec)
+                elif stop_reason is None and job.started_at and timezone.now() - job.started_at > timedelta(
+                    minutes=job.time_limit_minutes
+                ):
+                    stop_reason = failure.time_limit_reason(job)
+                    runner.cancel(spec)
     return lost
 
 

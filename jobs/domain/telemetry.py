@@ -9,12 +9,11 @@ import threading
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
 from django.db.models import Avg
 from django.utils import timezone
 
 from jobs import backends
-from jobs.domain import live
+from jobs.domain import dbpool, live
 from jobs.models import SystemSample
 
 log = logging.getLogger(__name__)
@@ -103,13 +102,9 @@ class Sampler:
                     break
                 self.sample_once()
         finally:
-            try:
-                self.probe.close()
-            finally:
-                connection.close()
+            self.probe.close()
 
     def sample_once(self):
-        close_old_connections()
         try:
             samples = self.probe.sample()
         except Exception as exc:  # a host that does not answer now may answer next time
@@ -119,6 +114,7 @@ class Sampler:
             return []
         if not samples or self.stopped.is_set():
             return []
-        rows = store(self.job_id, samples)
-        live.publish_system(self.job_id, [as_dict(row) for row in rows], idle_hint(self.job_id))
+        with dbpool.borrowed():             # not while the probe waits on a host
+            rows = store(self.job_id, samples)
+            live.publish_system(self.job_id, [as_dict(row) for row in rows], idle_hint(self.job_id))
         return rows

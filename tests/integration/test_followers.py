@@ -95,11 +95,11 @@ def services(service_env, tmp_path_factory):
     logs = tmp_path_factory.mktemp("follower-logs")
     workers = []
 
-    def start_worker(name, concurrency=4):
+    def start_worker(name, concurrency=4, **settings):
         worker = Service(name, [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads",
                                 "--concurrency", str(concurrency), "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO",
                                 "--without-gossip", "--without-mingle", "-Q", queue],
-                         env, logs / f"{name}.log").start()
+                         {**env, **settings}, logs / f"{name}.log").start()
         workers.append(worker)
         wait_for(lambda: "ready." in worker.output(), timeout=60, message=f"worker {name}")
         return worker
@@ -193,6 +193,46 @@ def test_jobs_being_followed_never_keep_a_launch_waiting(api):
         wait_worker_idle(single)
     finally:
         single.stop()                  # later tests of this module get a worker of the usual size
+
+
+def database_connections(pid):
+    """How many connections to the test database the process `pid` holds now."""
+    import psutil
+    from django.conf import settings
+
+    port = int(settings.DATABASES["default"].get("PORT") or 5432)
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
+    """Six jobs followed at once by a worker whose followers share two database connections
+    (RINGMASTER_FOLLOWER_DB_CONNECTIONS): the worker holds at most those two and its one pool
+    thread's, and every job ends with every line. (Each follower and each of its job's telemetry
+    samplers held a connection of its own before, 13 here: a worker following 50 jobs went past
+    PostgreSQL's default max_connections and the next follower could not connect.)"""
+    worker = api.start_worker("frugal", concurrency=1, RINGMASTER_FOLLOWER_DB_CONNECTIONS="2",
+                              RINGMASTER_LOCAL_GPUS="6")
+    try:
+        script = upload(api)
+        jobs = [submit(api, gpus=1, script=script, args=["--lines", "60", "--interval", "0.25"]) for _ in range(6)]
+        held = []
+
+        def all_running():
+            held.append(database_connections(worker.process.pid))
+            return all(job.state == State.RUNNING and job.next_seq > 0 for job in Job.objects.filter(pk__in=jobs))
+        wait_for(all_running, timeout=90, interval=0.2, message="all six jobs to run and print")
+
+        def all_ended():
+            held.append(database_connections(worker.process.pid))
+            return not Job.objects.filter(pk__in=jobs).exclude(state__in=ENDED).exists()
+        wait_for(all_ended, timeout=120, interval=0.2, message="all six jobs to end")
+        assert max(held) <= 3, held
+        for job_id in jobs:
+            assert_succeeded_with_every_line(job_id, 60, ranks=(0,))
+        wait_worker_idle(worker)
+    finally:
+        worker.stop()
 
 
 @pytest.fixture
