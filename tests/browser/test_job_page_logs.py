@@ -26,6 +26,12 @@ def row_height(page, seq):
     return page.locator(f'#log .line[data-seq="{seq}"]').evaluate("el => el.getBoundingClientRect().height")
 
 
+def at_end(page):
+    """(whether the log view is scrolled to its bottom, the last seq it holds), read at once."""
+    return tuple(page.locator("#log").evaluate(
+        "el => [el.scrollTop + el.clientHeight >= el.scrollHeight - 2, Number(el.dataset.last)]"))
+
+
 def assert_rows_fit_their_text(page):
     """Each row is as tall as its wrapped text: none cut off, none with an empty row below."""
     sizes = page.locator("#log .line").evaluate_all("""els => els.map(e => {
@@ -139,28 +145,70 @@ def test_search_shows_each_hit_with_its_context_and_jumps_to_it_in_the_full_log(
     in_sight = seqs_in_sight(page)
     assert 500 in in_sight and in_sight == list(range(in_sight[0], in_sight[0] + len(in_sight))), in_sight
 
-    # Scrolling down reads on through the rest of the log, to its end.
-    checks = []
+    # Scrolling down reads on through the rest of the log, to its end. The last page is held back
+    # until the view has been found at the bottom of the lines it holds: when it lands, the lines
+    # it brings are below, and the lines in sight stay in sight (the view is not at the end yet).
+    held_back = []
+    last_page = re.compile(rf"/logs/\?since={last}&limit=")
+    page.route(last_page, lambda route: held_back.append(route))
+    page.locator("#log").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+    # (Playwright hands the route over while it talks to the page: ask the page something.)
+    wait_for(lambda: held(page) and held_back, timeout=10, message="the request for the lines after those held")
+    assert at_end(page) == (True, last), "the view is at the bottom of the lines it holds"
+    in_sight = seqs_in_sight(page)
+    held_back[0].continue_()
+    wait_for(lambda: held(page) == (total, 0, total - 1), timeout=10, message="the last page")
+    page.unroute(last_page)
+    assert seqs_in_sight(page) == in_sight
+    assert at_end(page) == (False, total - 1)
+    expect(page.locator("#log-follow")).not_to_be_checked()
 
     def scrolled_to_end():
-        # At the end only when the last line is loaded and the view is still scrolled to the bottom
-        # after that load, at two checks in a row (a load that lands after the scroll leaves the
-        # view above the new end; once, with every line held, the view sat mid-log after a check).
-        at_bottom = page.locator("#log").evaluate(
-            "el => { const bottom = el.scrollTop + el.clientHeight >= el.scrollHeight - 2;"
-            " el.scrollTop = el.scrollHeight; return bottom; }")
-        checks.append(at_bottom and held(page)[2] == total - 1)
-        return checks[-2:] == [True, True]
-    wait_for(scrolled_to_end, timeout=30, interval=0.3, message="the lines after the jump to load on scroll")
+        # The bottom and the last line held are read together, then the view is scrolled down (a
+        # check that read them apart took the bottom of the lines held before the last page
+        # landed for the end of the log).
+        found = at_end(page)
+        page.locator("#log").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+        return found == (True, total - 1)
+    wait_for(scrolled_to_end, timeout=30, interval=0.3, message="the view to reach the end of the log")
+    expect(page.locator("#log-follow")).to_be_checked()
     store(job, [(1, "a live line")])
     expect(page.locator("#log .line").last).to_have_text("1a live line")
+    wait_for(lambda: total in seqs_in_sight(page), timeout=10, message="the live line in sight")
+    assert at_end(page) == (True, total)
 
-    # Follow goes back to the tail.
+    # Follow goes back to the tail. (Scrolling up turns Follow off at the scroll event: checking the
+    # box before that would find it still checked, and click nothing.)
     page.locator("#log").evaluate("el => { el.scrollTop = 0; }")
+    expect(page.locator("#log-follow")).not_to_be_checked()
     page.check("#log-follow")
     expect(page.locator("#log .line").last).to_have_text("1a live line")
     wait_for(lambda: held(page)[2] == total, timeout=10, message="the tail view")
     expect(page.locator("#log .line.target")).to_have_count(0)
+
+
+def test_a_view_at_the_bottom_follows_once_the_last_page_of_newer_lines_brings_none(log_in, job, alice):
+    total = 1501                     # the jump to 500 holds 0..1500: the lines after it fill a page
+    lines = numbered(0, total)
+    lines[500] = (0, "found the needle here")
+    store(job, lines)
+    page = log_in(alice)
+    page.goto(f"/jobs/{job.pk}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
+    page.fill("#log-search", "NEEDLE")
+    page.locator("#log .line.hit .jump").click()
+    expect(page.locator("#log .line.target")).to_have_attribute("data-seq", "500")
+    expect(page.locator("#log-count")).to_contain_text("newer lines load as you scroll down")
+    assert held(page) == (total, 0, total - 1)
+
+    page.locator("#log").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+    expect(page.locator("#log-count")).not_to_contain_text("newer lines")    # the page brought none
+    assert at_end(page) == (True, total - 1)
+    expect(page.locator("#log-follow")).to_be_checked(timeout=10_000)
+    store(job, [(1, "a live line")])
+    expect(page.locator("#log .line").last).to_have_text("1a live line")
+    wait_for(lambda: total in seqs_in_sight(page), timeout=10, message="the live line in sight")
+    assert at_end(page) == (True, total)
 
 
 def test_live_hits_come_with_the_lines_around_them(log_in, job, alice):

@@ -168,6 +168,10 @@
         current.hasNewer = data.lines.length === PAGE;
         if (!current.hasNewer) flushPending(current);
         render();
+        // The end of the log is held now. A view still at its bottom (the page brought nothing
+        // below it) follows the live lines, as a scroll to the end does; one that was read on
+        // from stays where it is.
+        if (!current.hasNewer && atBottom()) follow.checked = true;
       } finally {
         current.loading = false;
       }
@@ -389,9 +393,10 @@
       if (row && (event.target.closest(".jump") || !window.getSelection().toString())) jumpTo(Number(row.dataset.seq));
     });
 
+    const atBottom = () => log.scrollTop + log.clientHeight >= log.scrollHeight - 2 * lineHeight;
+
     log.addEventListener("scroll", () => {
-      const bottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 2 * lineHeight;
-      follow.checked = bottom && !view.hasNewer;
+      follow.checked = atBottom() && !view.hasNewer;
       if (log.scrollTop < OVERSCAN * lineHeight) loadOlder();
       if (log.scrollTop + log.clientHeight > log.scrollHeight - OVERSCAN * lineHeight) loadNewer();
       scheduleRender();
