@@ -318,7 +318,9 @@ class FakeKube:
     # kubelet logs: lines are timestamped when completed; a partial line waits for its newline
     def logs_open(self, pod):
         with self.store.lock:
-            self._logs.setdefault(pod["metadata"]["uid"], {"lines": [], "partial": bytearray(), "done": False})
+            # Each log has a condition of its own: a write wakes that log's readers, not every one.
+            self._logs.setdefault(pod["metadata"]["uid"], {"lines": [], "partial": bytearray(), "done": False,
+                                                           "written": threading.Condition(self.store.lock)})
 
     def logs_write(self, pod, data):
         with self.store.lock:
@@ -330,6 +332,7 @@ class FakeKube:
                 i = log["partial"].index(b"\n")
                 log["lines"].append((time.time_ns(), bytes(log["partial"][:i + 1])))
                 del log["partial"][:i + 1]
+            log["written"].notify_all()
             self.store.changed.notify_all()
 
     def logs_close(self, pod):
@@ -341,6 +344,7 @@ class FakeKube:
                 log["lines"].append((time.time_ns(), bytes(log["partial"]) + b"\n"))
                 log["partial"].clear()
             log["done"] = True
+            log["written"].notify_all()
             self.store.changed.notify_all()
 
     # --- API operations -----------------------------------------------------------------------
@@ -612,7 +616,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if left <= 0:
                     break
                 try:
-                    etype, obj = watcher.queue.get(timeout=min(left, 0.1))
+                    etype, obj = watcher.queue.get(timeout=min(left, 0.5))
                 except Exception:
                     if self.client_gone():
                         self.close_connection = True
@@ -762,19 +766,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         uid = pod["metadata"]["uid"]
         is_main = container == names[0]
 
-        def snapshot():
+        def snapshot(start=0):
+            """(the lines from `start` on, how many there are in all, done, alive), under the lock."""
             log = fake._logs.get(uid) if is_main else None
-            lines = list(log["lines"]) if log else []
+            lines = log["lines"][start:] if log else []
             done = (log is None or log["done"]) if is_main else True
             alive = store.objects.get(("pods", ns, name), {}).get("metadata", {}).get("uid") == uid
-            return lines, done, alive
+            return lines, start + len(lines), done, alive
+
+        def log_changed():
+            log = fake._logs.get(uid) if is_main else None
+            return log["written"] if log else store.changed
 
         with store.lock:
-            lines, done, alive = snapshot()
+            lines, count, done, alive = snapshot()
         selected = [(t, line) for t, line in lines if since_ns is None or t >= since_ns]
         if tail is not None:
             selected = selected[-tail:] if tail > 0 else []
-        sent = len(lines)
+        sent = count
 
         def render(batch):
             return b"".join((_ts(t).encode() + b" " if stamps else b"") + line for t, line in batch)
@@ -800,15 +809,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     return self.end_chunked()
             if not alive or fake.stopping.is_set():
                 return self.end_chunked()
-            if done and sent >= len(lines):
+            if done and sent >= count:
                 return self.end_chunked()
             with store.lock:
-                lines, done, alive = snapshot()
-                if alive and not done and len(lines) == sent:
-                    store.changed.wait(0.1)
-                    lines, done, alive = snapshot()
-            batch = [(t, line) for t, line in lines[sent:] if since_ns is None or t >= since_ns]
-            sent = len(lines)
+                lines, count, done, alive = snapshot(sent)
+                if alive and not done and not lines:
+                    log_changed().wait(0.5)
+                    lines, count, done, alive = snapshot(sent)
+            batch = [(t, line) for t, line in lines if since_ns is None or t >= since_ns]
+            sent = count
             if not batch and self.client_gone():
                 self.close_connection = True
                 return

@@ -38,6 +38,9 @@ class Scenario:
     # How long a worker pod that an elastic job's operator makes while it runs (a replacement, a
     # growth) stays Pending before it runs: a real one waits for its node, image and sshd.
     worker_start_seconds: float = 0.0
+    # How often the fake's operator looks whether its MPIJob was deleted or suspended while it
+    # waits (a thousand jobs at once need it to look less often than the tests' 50 ms).
+    react_seconds: float = 0.05
 
 
 def default_output(np, steps=3):
@@ -95,7 +98,7 @@ class JobRunner(threading.Thread):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self.fake.stopping.wait(min(left, 0.05))
+            self.fake.stopping.wait(min(left, self.sc.react_seconds))
 
     def wait_event(self, event):
         while not event.is_set():

@@ -179,6 +179,7 @@ class Store:
         self.changed = threading.Condition(self.lock)
         self.rv = 100
         self.objects = {}          # (resource, ns, name) -> dict
+        self.kinds = collections.defaultdict(dict)   # resource -> {(ns, name): dict}: a list reads one kind
         self.history = collections.deque(maxlen=history_limit)   # (rv, resource, type, obj)
         self.oldest_rv = self.rv   # watches from an RV older than this get 410 Expired
         self.watchers = set()
@@ -191,8 +192,8 @@ class Store:
 
     def list(self, resource, ns=None, match=None):
         with self.lock:
-            items = [copy.deepcopy(o) for (r, n, _), o in self.objects.items()
-                     if r == resource and (ns is None or n == ns) and (match is None or match(o))]
+            items = [copy.deepcopy(o) for (n, _), o in self.kinds[resource].items()
+                     if (ns is None or n == ns) and (match is None or match(o))]
         items.sort(key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
         return items
 
@@ -219,6 +220,7 @@ class Store:
             meta.setdefault("creationTimestamp", rfc3339())
             meta.setdefault("generation", 1)
             self.objects[key] = obj
+            self.kinds[resource][key[1:]] = obj
             self._record(resource, "ADDED", obj)
             return copy.deepcopy(obj)
 
@@ -243,6 +245,7 @@ class Store:
             if obj is None or (uid and obj["metadata"]["uid"] != uid):
                 return None
             del self.objects[(resource, ns, name)]
+            del self.kinds[resource][(ns, name)]
             self._record(resource, "DELETED", obj)
             return copy.deepcopy(obj)
 
