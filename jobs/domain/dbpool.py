@@ -56,6 +56,21 @@ class Pool:
             finally:
                 self._free.put(wrapper)
 
+    def close_all(self):
+        """Close the connections not borrowed now (each opens again when next borrowed)."""
+        idle = []
+        while True:
+            try:
+                idle.append(self._free.get_nowait())
+            except queue.Empty:
+                break
+        for wrapper in idle:
+            try:
+                if wrapper is not None:
+                    wrapper.close()
+            finally:
+                self._free.put(wrapper)
+
 
 def _own_connection(alias):
     """The calling thread's own connection, if it opened one (Django keeps them thread-local)."""

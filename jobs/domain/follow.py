@@ -24,15 +24,14 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import dbpool, elastic, failure, states, telemetry
+from jobs.domain import dbpool, elastic, failure, heartbeat, states, telemetry
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
-from runners.base import Exited, Output, Running, Status
+from runners.base import Exited, Output, Running, Status, Waiting
 from runners.output import OutputSplitter
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 2
 SIZE_CHECK_SECONDS = 0.25       # how soon an elastic job's follower sees that the scheduler resized it
 HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at (a lost one is dropped)
 
@@ -70,10 +69,6 @@ def claim(job_id, me):
     if holder and _dead_here(holder):
         return active.filter(follower=holder).update(follower=me, follower_heartbeat=timezone.now()) == 1
     return False
-
-
-def heartbeat(job_id, me):
-    return Job.objects.filter(pk=job_id, follower=me).update(follower_heartbeat=timezone.now()) == 1
 
 
 def release(job_id, me):
@@ -209,50 +204,56 @@ def _follow(job_id, me, runner, spec):
             # A follower that takes over mid-resize applies what the scheduler decided last.
             spec = replace(spec, gpus=_apply_size(job_id))
     splitter = OutputSplitter(state=job.output_state or None)
-    offset = job.output_offset
     with telemetry.Sampler(job_id, runner.system_probe(spec)):
-        lost = _follow_events(job_id, me, runner, spec, job, splitter, offset)
+        lost = _follow_events(job_id, me, runner, spec, job, splitter)
     if lost:
         log.warning("job %s: another follower took over; this one stops", job_id)
 
 
-def _follow_events(job_id, me, runner, spec, job, splitter, offset):
+def _follow_events(job_id, me, runner, spec, job, splitter):
     """Store the runner's events until the job ends (False) or another follower took it (True)."""
-    lost = False
-    next_check = next_host_check = next_size_check = 0.0
+    heartbeat.follow(job_id, me)
+    try:
+        return _store_events(job_id, me, runner, spec, job, splitter)
+    finally:
+        heartbeat.forget(job_id)
+
+
+def _store_events(job_id, me, runner, spec, job, splitter):
+    next_host_check = next_size_check = beat_seen = 0.0
     settled = False
     stop_reason = None
     # Breaking out of the loop closes the runner's generator: that is how a follow stops.
-    for event in runner.follow(spec, offset, cursor=job.follow_cursor or None):
-        with dbpool.borrowed():     # given back before the runner's next event is waited for
-            if isinstance(event, Output):
-                lines = splitter.feed(event.data)
-                end = event.offset + len(event.data)
-                if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                     cursor=event.cursor):
-                    lost = True
-                    break
-            elif isinstance(event, Running):
-                _now_running(job_id, event.detail)
-            elif isinstance(event, Status):
-                states.set_reason(job_id, event.reason)
-            elif isinstance(event, Exited):
-                lines = splitter.finish()
-                job = Job.objects.get(pk=job_id)
-                if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
-                                               splitter.state(), follower=me):
-                    lost = True
-                    break
-                if stop_reason or job.cancel_requested:
-                    # The launcher may have gone first (a cancel elsewhere signals it before the
-                    # ranks): the job ends only once every one of its processes has.
-                    runner.cancel(spec)
-                finish(job_id, event, stop_reason)
-                return False
-            now = time.monotonic()
-            if spec.elastic and stop_reason is None and now >= next_size_check:
-                # The scheduler resized the job: Horovod picks it up within a second of this.
-                next_size_check = now + SIZE_CHECK_SECONDS
+    for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
+        now = time.monotonic()
+        if not isinstance(event, Waiting):
+            with dbpool.borrowed():         # given back before the runner's next event is waited for
+                if isinstance(event, Output):
+                    lines = splitter.feed(event.data)
+                    end = event.offset + len(event.data)
+                    if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                         cursor=event.cursor):
+                        return True
+                elif isinstance(event, Running):
+                    _now_running(job_id, event.detail)
+                elif isinstance(event, Status):
+                    states.set_reason(job_id, event.reason)
+                elif isinstance(event, Exited):
+                    lines = splitter.finish()
+                    job = Job.objects.get(pk=job_id)
+                    if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
+                                                   splitter.state(), follower=me):
+                        return True
+                    if stop_reason or job.cancel_requested:
+                        # The launcher may have gone first (a cancel elsewhere signals it before the
+                        # ranks): the job ends only once every one of its processes has.
+                        runner.cancel(spec)
+                    finish(job_id, event, stop_reason)
+                    return False
+        if spec.elastic and stop_reason is None and now >= next_size_check:
+            # The scheduler resized the job: Horovod picks it up within a second of this.
+            next_size_check = now + SIZE_CHECK_SECONDS
+            with dbpool.borrowed():
                 size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
                 if size and size != spec.gpus:
                     try:
@@ -260,32 +261,36 @@ def _follow_events(job_id, me, runner, spec, job, splitter, offset):
                     except Exception:                    # a host it grows onto is away: try again soon
                         log.exception("job %s: applying its size %s failed", job_id, size)
                         next_size_check = now + HOST_CHECK_SECONDS
-            if now >= next_check:
-                next_check = now + HEARTBEAT_SECONDS if stop_reason is None else now + 1
-                if not heartbeat(job_id, me):
-                    lost = True
-                    break
-                job = Job.objects.only("cancel_requested", "started_at", "time_limit_minutes", "gpus",
-                                       "backend").get(pk=job_id)
-                if spec.elastic and stop_reason is None:
-                    if now >= next_host_check:
-                        next_host_check = now + HOST_CHECK_SECONDS
-                        try:
-                            backends.of(job).watch_hosts(job)
-                        except Exception:                # never the end of the job's follower
-                            log.exception("job %s: looking at its hosts failed", job_id)
-                    if not settled and job.started_at and job.started_at <= elastic.settled_since():
-                        settled = True
-                        taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
-                if job.cancel_requested and stop_reason is None:
-                    stop_reason = "cancel"
-                    runner.cancel(spec)
-                elif stop_reason is None and job.started_at and timezone.now() - job.started_at > timedelta(
-                    minutes=job.time_limit_minutes
-                ):
-                    stop_reason = failure.time_limit_reason(job)
-                    runner.cancel(spec)
-    return lost
+        # What the worker's heartbeat last read of the job (a query only when there is work).
+        reading = heartbeat.reading(job_id)
+        if reading is None or reading.at <= beat_seen:
+            continue
+        beat_seen = reading.at
+        if not reading.held:
+            return True
+        if stop_reason is not None:
+            continue
+        if spec.elastic:
+            if now >= next_host_check:
+                next_host_check = now + HOST_CHECK_SECONDS
+                with dbpool.borrowed():
+                    try:
+                        current = Job.objects.get(pk=job_id)
+                        backends.of(current).watch_hosts(current)
+                    except Exception:                # never the end of the job's follower
+                        log.exception("job %s: looking at its hosts failed", job_id)
+            if not settled and reading.started_at and reading.started_at <= elastic.settled_since():
+                settled = True
+                with dbpool.borrowed():
+                    taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
+        if reading.cancel_requested:
+            stop_reason = "cancel"
+            runner.cancel(spec)
+        elif reading.started_at and timezone.now() - reading.started_at > timedelta(minutes=reading.time_limit_minutes):
+            with dbpool.borrowed():
+                stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
+            runner.cancel(spec)
+    return False
 
 
 def finish(job_id, exited, stop_reason=None):

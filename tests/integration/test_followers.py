@@ -84,6 +84,39 @@ def test_a_follower_that_lost_its_claim_stores_nothing(make_user, image):
     assert LogLine.objects.filter(job=job).count() == 100
 
 
+def test_one_beat_keeps_every_claim_of_the_process_fresh_and_tells_each_follower_what_changed(make_user, image):
+    """The worker's heartbeat refreshes the claims its followers hold, all in one beat, and
+    tells each follower whether its claim still holds and whether its job was cancelled; a claim
+    another follower took over is neither refreshed nor held."""
+    from jobs.domain import dbpool
+    from jobs.domain.heartbeat import Heartbeat
+
+    long_ago = timezone.now() - timedelta(minutes=5)
+    owner = make_user("alice")
+    kept, taken, cancelled = (Job.objects.create(owner=owner, image=image, gpus=1, script_path="t.py",
+                                                 state=State.RUNNING, time_limit_minutes=5, follower=f"host:1:{n}")
+                                 for n in range(3))
+    Job.objects.update(follower_heartbeat=long_ago)
+    Job.objects.filter(pk=taken.pk).update(follower="host:2:other")
+    Job.objects.filter(pk=cancelled.pk).update(cancel_requested=True)
+    beat = Heartbeat()
+    for job, n in ((kept, 0), (taken, 1), (cancelled, 2)):
+        beat._followed[job.pk] = f"host:1:{n}"           # as follow() does, without its thread
+    assert beat.reading(kept.pk) is None                 # nothing read yet
+
+    try:
+        beat.beat()
+    finally:
+        dbpool.pool().close_all()           # the test database is dropped at the end of the session
+    fresh = {job.pk: job.follower_heartbeat > long_ago for job in Job.objects.all()}
+    assert fresh == {kept.pk: True, taken.pk: False, cancelled.pk: True}
+    assert (beat.reading(kept.pk).held, beat.reading(kept.pk).cancel_requested) == (True, False)
+    assert beat.reading(taken.pk).held is False
+    assert (beat.reading(cancelled.pk).held, beat.reading(cancelled.pk).cancel_requested) == (True, True)
+    beat.forget(kept.pk)
+    assert beat.reading(kept.pk) is None
+
+
 # --- on the real worker ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -126,6 +159,7 @@ def api(services, image, make_user):
     session = requests.Session()
     session.headers["Authorization"] = f"Token {Token.objects.create(user=make_user('alice')).key}"
     session.base, session.queue, session.start_worker = url, queue, start_worker
+    session.stop_workers = lambda: [worker.stop() for worker in workers if worker.process.poll() is None]
     session.a_worker = lambda: next((w for w in workers if w.process.poll() is None), None) or start_worker(
         f"worker{len(workers)}")
     yield session
@@ -211,6 +245,7 @@ def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
     thread's, and every job ends with every line. (Each follower and each of its job's telemetry
     samplers held a connection of its own before, 13 here: a worker following 50 jobs went past
     PostgreSQL's default max_connections and the next follower could not connect.)"""
+    api.stop_workers()                # this worker alone admits (with room for six) and follows them
     worker = api.start_worker("frugal", concurrency=1, RINGMASTER_FOLLOWER_DB_CONNECTIONS="2",
                               RINGMASTER_LOCAL_GPUS="6")
     try:
@@ -221,7 +256,7 @@ def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
         def all_running():
             held.append(database_connections(worker.process.pid))
             return all(job.state == State.RUNNING and job.next_seq > 0 for job in Job.objects.filter(pk__in=jobs))
-        wait_for(all_running, timeout=90, interval=0.2, message="all six jobs to run and print")
+        wait_for(all_running, timeout=180, interval=0.2, message="all six jobs to run and print")
 
         def all_ended():
             held.append(database_connections(worker.process.pid))
