@@ -243,7 +243,7 @@ def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
     """Six jobs followed at once by a worker whose followers share two database connections
     (RINGMASTER_FOLLOWER_DB_CONNECTIONS): the worker holds at most those two and its one pool
     thread's, and every job ends with every line. (Each follower and each of its job's telemetry
-    samplers held a connection of its own before, 13 here: a worker following 50 jobs went past
+    samplers held a connection of its own before, up to 12 here: a worker following 50 jobs went past
     PostgreSQL's default max_connections and the next follower could not connect.)"""
     api.stop_workers()                # this worker alone admits (with room for six) and follows them
     worker = api.start_worker("frugal", concurrency=1, RINGMASTER_FOLLOWER_DB_CONNECTIONS="2",
