@@ -10,7 +10,13 @@ Horovod's allreduce over Gloo) on this machine's 4 slots:
 
 Rank 0 times STEPS steps at 4 ranks, after WARMUP steps at 4 ranks, and prints `RATE <steps/s>`.
 
-    .venv/bin/python bench/elastic_throughput.py [--pairs 3]
+Each round runs the fixed job, then the elastic job once for each commit interval of
+--commit-every (default: 10 and 100 steps, and 100000: no commit while timed, which is Horovod's
+elastic mode alone). A commit is `state.save()` and a sync of host updates across the ranks
+(a broadcast), so it costs about what a step's allreduce costs; the interval is the user's
+trade between that cost and the steps redone after a resize.
+
+    .venv/bin/python bench/elastic_throughput.py [--pairs 3] [--commit-every 10 100 100000]
 """
 import argparse
 import re
@@ -77,7 +83,8 @@ RATE = re.compile(r"RATE ([0-9.]+)")
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--commit-every", type=int, default=10, help="steps between the elastic job's commits")
+    parser.add_argument("--commit-every", type=int, nargs="+", default=[10, 100, 100000],
+                        help="steps between the elastic job's commits (one elastic run per value each round)")
     args = parser.parse_args()
     common.header("elastic job at 4 ranks vs a fixed 4-rank job")
     common.setup()
@@ -104,16 +111,19 @@ def main():
             text = LogLine.objects.filter(job_id=job_id, text__startswith="RATE").values_list("text", flat=True)
             return float(RATE.search(text[0])[1])
 
-        ratios = []
+        ratios = {every: [] for every in args.commit_every}
         for pair in range(args.pairs):
             fixed = run(gpus=4, name=f"fixed-{pair}")
-            elastic = run(gpus=2, max_gpus=4, args=["--elastic", "--commit-every", str(args.commit_every)],
-                          name=f"elastic-{pair}")
-            ratios.append(elastic / fixed)
-            print(f"pair {pair + 1}: fixed {fixed:.1f} steps/s, elastic at 4 {elastic:.1f} steps/s, "
-                  f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"elastic / fixed: median {common.median(ratios):.3f} over {len(ratios)} pairs "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+            line = [f"round {pair + 1}: fixed {fixed:.1f} steps/s"]
+            for every in args.commit_every:
+                elastic = run(gpus=2, max_gpus=4, args=["--elastic", "--commit-every", str(every)],
+                              name=f"elastic-{pair}-{every}")
+                ratios[every].append(elastic / fixed)
+                line.append(f"elastic, commit every {every}: {elastic:.1f} ({ratios[every][-1]:.3f})")
+            print("; ".join(line) + f" | {common.machine()}", flush=True)
+    for every, values in ratios.items():
+        print(f"elastic (commit every {every} steps) / fixed: median {common.median(values):.3f} over "
+              f"{len(values)} rounds (min {min(values):.3f}, max {max(values):.3f})")
     print(f"machine after: {common.machine()}")
     return 0
 
