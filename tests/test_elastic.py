@@ -108,46 +108,13 @@ def test_growing_stops_at_the_owners_quota(alice, image, script, four, quota):
     assert reload(job).size == 3
 
 
-def head_of_queue_waiting(bob, script, settings, elastic_owner, **elastic_fields):
-    """Six GPUs: bob's two fixed 2-GPU jobs and a running 2..4 elastic job fill them; bob's
-    4-GPU job queues; one of the fixed jobs ends, so 2 are free but it still does not fit.
-    Returns (elastic job, queued job, the fixed job still running)."""
-    settings.RINGMASTER_LOCAL_GPUS = 6
-    first, second = occupy(bob, script, 2), occupy(bob, script, 2)
-    elastic = submitted(elastic_owner, script, 2, max_gpus=4, **elastic_fields)
-    assert scheduler.admit() == [elastic.pk]
-    elastic = running(elastic)
+def test_a_queued_job_that_still_would_not_fit_keeps_the_gpus_from_growing(alice, bob, image, script, four):
+    elastic, blocker = elastic_beside(alice, bob, script)
     big = submitted(bob, script, 4)
-    end(first)
-    assert scheduler.admit() == []
-    assert reload(big).reason.startswith("waiting for capacity")
-    return elastic, big, second
-
-
-def test_gpus_a_queued_job_waits_for_are_lent_to_an_elastic_job_and_given_back_when_it_fits(
-        alice, bob, image, script, settings):
-    elastic, big, second = head_of_queue_waiting(bob, script, settings, alice)
-    assert reload(elastic).size == 4                     # the 2 GPUs are not left idle meanwhile
-    assert size_events(elastic)[-1] == (4, f"grew to 4 GPUs: 2 GPUs free on this machine until job {big.pk} fits")
-    end(second)
-    assert scheduler.admit() == [big.pk]                 # it starts in the pass where it fits
-    assert reload(elastic).size == 2
-    assert size_events(elastic)[-1] == (2, f"shrank to 2 GPUs for job {big.pk}")
-    assert quotas.QuotaBook().backend_gpus("local") == 6
-
-
-@pytest.mark.parametrize("why", ["not settled", "higher priority"])
-def test_a_job_that_could_not_give_them_back_does_not_borrow_the_gpus_a_queued_job_waits_for(
-        alice, bob, make_user, image, script, settings, why):
-    if why == "not settled":
-        settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 30
-        elastic, big, second = head_of_queue_waiting(bob, script, settings, alice)
-    else:
-        elastic, big, second = head_of_queue_waiting(bob, script, settings, make_user("root", is_staff=True),
-                                                     priority=5)
-    assert reload(elastic).size == 2                     # the queued job could not take them back
-    end(second)
-    assert scheduler.admit() == [big.pk]
+    end(blocker)
+    scheduler.admit()
+    assert reload(big).state == State.QUEUED
+    assert reload(elastic).size == 2                     # the free 2 are reserved for the big job
 
 
 def test_a_queued_job_shrinks_a_running_elastic_job_and_starts(alice, bob, image, script, four):

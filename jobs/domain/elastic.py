@@ -9,15 +9,10 @@ under its lock, in the same pass that admits queued jobs.
   elastic jobs of the same backend whose priority is not higher than its own (lowest priority
   first, then the newest), never below their minimum, if that frees enough for it.
 - **Grow**: after the queue pass, a running elastic job takes the free GPUs of its backend, up to
-  its maximum, unless a queued job waits for one of the job's quota scopes; its quotas (GPUs at
-  once, per job, GPU-hours) hold at every size. A job admitted in the same pass grows too,
-  before it is launched: one that finds GPUs free starts at its largest size, with no resize
-  for Horovod to miss while its ranks start.
-- **Lend**: free GPUs that a queued job waits for (it needs more than are free, and holds the
-  queue behind it) would stay idle until it fits. A settled running job of no higher priority
-  than that queued job grows into them anyway, and the shrink above gives them back in the pass
-  where the queued job fits, so it waits no longer than it would have. A job not yet settled
-  (one admitted in this pass, too) cannot be shrunk, so it never takes such GPUs.
+  its maximum, unless a queued job waits for that capacity or for one of the job's quota
+  scopes; its quotas (GPUs at once, per job, GPU-hours) hold at every size. A job admitted in
+  the same pass grows too, before it is launched: one that finds GPUs free starts at its
+  largest size, with no resize for Horovod to miss while its ranks start.
 
 What changes is Job.size, with an event that says why (jobs.domain.states.resize), and the
 backend's record of what the job holds (Admission.resize). The job's follower sees the new size
@@ -78,29 +73,22 @@ def make_room(admission, book, job):
 
 def grow(admission_of, book, reserved, fresh=()):
     """Grow running elastic jobs, and those admitted in this pass (`fresh` ids: not launched
-    yet, so they start at the size they get), into free GPUs: those nothing queued waits for,
-    and (settled jobs only) those a queued job of no lower priority waits for (lent until it
-    fits). Returns their ids."""
+    yet, so they start at the size they get), into free GPUs nothing queued waits for.
+    Returns their ids."""
     grown = []
     candidates = _running() + _launching(fresh)
     jobs = sorted((job for job in candidates if job.current < job.max_gpus), key=lambda job: (-job.priority, job.pk))
-    waiting = dict(Job.objects.filter(pk__in=set(reserved.values())).values_list("pk", "priority"))
     for job in jobs:
         admission = admission_of(job.backend)
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
-        if any(scope.key in reserved for scope, _ in constraints):
+        if admission.capacity_key(job) in reserved or any(scope.key in reserved for scope, _ in constraints):
             continue
-        lent_to = reserved.get(admission.capacity_key(job))
-        if lent_to is not None and (job.pk in fresh or job.priority > waiting.get(lent_to, job.priority - 1)):
-            continue                     # it could not give them back when the waiting job fits
         more = min(room for room in (job.max_gpus - job.current, admission.room(job),
                                      book.growth_room(constraints, job.current)) if room is not None)
         more -= more % admission.step(job)
         if more > 0:
-            until = f" until job {lent_to} fits" if lent_to is not None else ""
             _resize(admission, book, job, job.current + more,
-                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}{until}",
-                    constraints)
+                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}", constraints)
             grown.append(job.pk)
     return grown
 
