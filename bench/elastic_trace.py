@@ -8,7 +8,8 @@ fixed amount of work in GPU-seconds (40 to 120) done in STEPS steps; a step slee
 / size seconds after an allreduce, so a job's time falls with its size as real data-parallel
 training does, and two cores can hold eight ranks. In the elastic run every other job may grow
 to 4x its size (at most 8): it runs its loop under `@hvd.elastic.run` with a commit each step.
-The other jobs, and every job of the fixed run, run the same loop plainly.
+Its minimum is its size. The other jobs, and every job of the fixed run, run the same loop
+plainly.
 
     .venv/bin/python bench/elastic_trace.py [--jobs 30] [--gap 14] [--seed 7]
 """
@@ -63,7 +64,8 @@ def trace(count, gap, seed):
 
 
 def run_trace(http, url, script, jobs, elastic, label):
-    """Submit `jobs` at their offsets; wait for all to end. Returns {index: completion seconds}."""
+    """Submit `jobs` at their offsets; wait for all to end. Returns {index: completion seconds}
+    (and prints how long they waited to start)."""
     from jobs.models import Job, State
 
     started, ids = time.monotonic(), {}
@@ -82,6 +84,9 @@ def run_trace(http, url, script, jobs, elastic, label):
     by_id = {job.pk: job for job in done}
     failed = [(job.pk, job.reason) for job in done if job.state != State.SUCCEEDED]
     assert not failed, failed
+    waited = [(by_id[pk].started_at - by_id[pk].created_at).total_seconds() for pk in ids.values()]
+    print(f"{label} run: waited for a start (submitted -> running) mean {sum(waited) / len(waited):.1f} s, "
+          f"max {max(waited):.1f} s", flush=True)
     return {index: (by_id[pk].finished_at - by_id[pk].created_at).total_seconds() for index, pk in ids.items()}
 
 
