@@ -10,13 +10,18 @@ stores every line. Once all N print, the benchmark watches for --window seconds:
   every 0.1 s, so a lag is at most 0.1 s too high);
 - the worker's CPU (share of one core), resident memory, threads and database connections.
 
-The fake's operator, kubelet and API server run in this process on the same cores: at large N
-their cost is part of what the figures show.
+The fake's operator, kubelet and API server run on the same cores: at large N their cost is part
+of what the figures show. By default they run in this process; `--fake-process` runs them in a
+process of their own (so that the fake's threads do not share this process's interpreter lock
+with the benchmark's reads).
 
-    .venv/bin/python bench/followers.py [--jobs 100] [--window 60] [--poll-seconds 2]
+    .venv/bin/python bench/followers.py [--jobs 100] [--window 60] [--poll-seconds 2] [--fake-process]
 """
 import argparse
+import contextlib
+import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +45,45 @@ class Ticks:
             yield f"[1,0]<stdout>:tick {i} t={time.time():.6f}\n".encode()
 
 
+def scenario(lines):
+    from tests.fakekube import Scenario
+
+    return Scenario(attempts=[(Ticks(lines), 0)], step_seconds=1.0, pull_seconds=0.1, react_seconds=0.5)
+
+
+def serve_fake(lines):
+    """--serve-fake: the fake API server alone, until stdin closes; prints its kubeconfig (JSON)."""
+    from tests.fakekube import FakeKube
+
+    with FakeKube() as fake:
+        fake.scenario = scenario(lines)
+        print(json.dumps({"kubeconfig": fake.kubeconfig_text(namespace=NS)}), flush=True)
+        sys.stdin.read()
+
+
+@contextlib.contextmanager
+def fake_kubeconfig(lines, own_process):
+    """The kubeconfig of a fake API server playing `lines` ticks a job, here or in its own process."""
+    if not own_process:
+        from tests.fakekube import FakeKube
+
+        with FakeKube() as fake:
+            fake.scenario = scenario(lines)
+            yield fake.kubeconfig_text(namespace=NS)
+        return
+    process = subprocess.Popen([sys.executable, __file__, "--serve-fake", str(lines)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield json.loads(process.stdout.readline())["kubeconfig"]
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def worker_figures(worker):
     import psutil
 
@@ -56,25 +100,28 @@ def main():
     parser.add_argument("--window", type=float, default=60, help="seconds measured once every job prints")
     parser.add_argument("--ramp-timeout", type=float, default=900)
     parser.add_argument("--poll-seconds", type=float, default=None,
-                        help="the worker's RINGMASTER_KUBE_POLL_SECONDS (how often each job's pods are listed; 2)")
+                        help="the worker's RINGMASTER_KUBE_POLL_SECONDS (how often each job's pods are looked at; 2)")
+    parser.add_argument("--fake-process", action="store_true", help="the fake API server in a process of its own")
+    parser.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_fake is not None:
+        return serve_fake(args.serve_fake)
 
     common.setup()
     from django.db.models import Q
 
     from jobs.models import Cluster, Image, Job, LogLine, State
-    from tests.fakekube import FakeKube, Scenario
 
     common.header(f"followers: {args.jobs} MPIJobs printing a line a second, one worker")
     print(f"load before: {common.machine()}")
     user, token = common.bench_user()
     Image.objects.get_or_create(name="horovod-k8s", defaults={"container_image": "registry.example/horovod:0.28.1"})
     lines = int(args.ramp_timeout + args.window + 120)
-    with FakeKube() as fake, common.Services() as services:
-        fake.scenario = Scenario(attempts=[(Ticks(lines), 0)], step_seconds=1.0, pull_seconds=0.1, react_seconds=0.5)
+    print(f"the fake API server runs {'in a process of its own' if args.fake_process else 'in this process'}")
+    with fake_kubeconfig(lines, args.fake_process) as kubeconfig, common.Services() as services:
         Cluster.objects.all().delete()
         cluster = Cluster(name="fake", namespace=NS, gpus_per_node=1)
-        cluster.set_kubeconfig(fake.kubeconfig_text(namespace=NS))
+        cluster.set_kubeconfig(kubeconfig)
         cluster.save()
         url = services.web()
         worker = services.worker(concurrency=16, extra_env={} if args.poll_seconds is None else {

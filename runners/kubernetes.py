@@ -3,9 +3,10 @@
 - launch: create the MPIJob named after the job (spec.name: rm-<installation>-<id>); a 409 adopts the one a previous
   try created, so a retried task never makes a second job. 5xx answers and timeouts are
   retried. Then the uploaded script's ConfigMap, owned by the MPIJob.
-- follow: three things at once. A watch on the MPIJob (resumed from its resourceVersion; a
-  410 Gone relists) gives its conditions; the launcher pod's log (`follow`, `timestamps`) gives
-  every rank's output; a poll of the pods and events gives trouble a user can act on. The log
+- follow: two things at once. What the cluster says of the MPIJob, its pods and its events
+  comes from the informer of its namespace (kubeinformer: one watch per kind for every job the
+  worker process follows there), which gives its conditions and trouble a user can act on; the
+  launcher pod's log (`follow`, `timestamps`) gives every rank's output. The log
   position (kubestatus.LogCursor) is stored with every batch, so a cut stream or a new
   follower resumes without losing or repeating a line, and a retried launcher (a new pod) is
   read after the old one.
@@ -19,10 +20,10 @@ import time
 from dataclasses import dataclass
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import kubestatus, mpijob
+from . import kubeinformer, kubestatus, mpijob
 from .base import Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,11 @@ class KubernetesRunner(Runner):
     name = "kubernetes"
     reports_running = True
 
-    def __init__(self, api_client, cluster, timings=Timings(), cluster_name=""):
+    def __init__(self, api_client, cluster, timings=Timings(), cluster_name="", connection=None):
         self.api_client = api_client
+        # Who this client is at which API server: the follows of runners with the same share one
+        # informer per namespace (kubeinformer). None: this runner's own.
+        self.connection = connection if connection is not None else ("client", id(api_client))
         self.cluster = cluster
         self.timings = timings
         self.cluster_name = cluster_name or "the cluster"
@@ -218,11 +222,6 @@ class KubernetesRunner(Runner):
         return _items(self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False,
                                                     _request_timeout=self.timings.request_seconds))
 
-    def events(self, spec):
-        return _items(self.core.list_namespaced_event(
-            self.namespace, field_selector=f"involvedObject.kind={mpijob.KIND},involvedObject.name={spec.name}",
-            _preload_content=False, _request_timeout=self.timings.request_seconds))
-
     def follow(self, spec, offset, cursor=None):
         follower = _Follow(self, spec, offset, kubestatus.LogCursor.from_json(cursor))
         try:
@@ -232,8 +231,10 @@ class KubernetesRunner(Runner):
 
 
 class _Follow:
-    """One follow of one MPIJob: the watch and the log reader run in threads and report to
-    `events`; run() (the caller's thread) decides what the job's state is."""
+    """One follow of one MPIJob: what the cluster says of it comes from the informer of its
+    namespace (kubeinformer, shared by every follow of this process there), its launcher's log
+    from a reader thread; both report to `events`, and run() (the caller's thread) decides what
+    the job's state is."""
 
     def __init__(self, runner, spec, offset, cursor):
         self.runner, self.spec, self.offset = runner, spec, offset
@@ -242,40 +243,62 @@ class _Follow:
         self.events = queue.Queue()
         self.stop = threading.Event()
         self.ended = threading.Event()       # the MPIJob finished or is gone: read the logs out
+        self.pods_changed = threading.Event()
         self.mpijob = None
         self.deleted = False
+        self.view = None
+
+    def _changed(self):
+        """Called by the informer's threads when the job's MPIJob, pods or events changed."""
+        self.events.put(("changed", None))
+        self.pods_changed.set()
 
     def run(self):
-        threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"k8s-{fn.__name__}")
-                   for fn in (self._watch, self._read_logs)]
-        for thread in threads:
-            thread.start()
-        observation, pods, next_poll = kubestatus.Observation(), (), 0.0
+        self.view = kubeinformer.subscribe(self.runner.connection, self.runner.api_client, self.runner.namespace,
+                                           self.spec.installation, self.spec.name, self._changed, self.timings)
+        try:
+            yield from self._run()
+        finally:
+            self.view.close()
+
+    def _look(self):
+        """The MPIJob as the informer has it; the first time it has not seen it (just created,
+        or gone before this follow began), as the API server answers."""
+        if self.view.deleted():
+            self.deleted = True
+        found = self.view.mpijob()
+        if found is not None:
+            self.mpijob = found
+        elif self.mpijob is None and not self.deleted:
+            self.mpijob = self.runner._get_mpijob(self.spec)
+            self.deleted = self.mpijob is None
+
+    def _run(self):
+        reader = threading.Thread(target=self._guard, args=(self._read_logs,), daemon=True, name="k8s-read-logs")
+        reader.start()
+        observation, next_poll = kubestatus.Observation(), 0.0
+        kind, payload = "changed", None           # look at once
         while True:
-            try:
-                kind, payload = self.events.get(timeout=1)
-            except queue.Empty:
-                kind, payload = "tick", None
             if kind == "log":
                 data, cursor = payload
                 start = self.offset
                 self.offset += len(data)
                 yield Output(data, start, cursor)
                 if time.monotonic() < next_poll:
+                    kind, payload = self._next()
                     continue
                 kind = "tick"             # a launcher that prints all the time still gets its pods looked at
             if kind == "error":
                 raise payload
-            if kind == "mpijob":
-                self.mpijob = payload
-            elif kind == "deleted":
-                self.deleted = True
-                self.ended.set()
             now = time.monotonic()
-            polled, events = now >= next_poll, ()
+            polled = kind == "changed" or now >= next_poll
             if polled:
                 next_poll = now + self.timings.poll_seconds
-                pods, events = self._poll(pods, observation.running_told)
+                self._look()
+                if self.deleted:
+                    self.ended.set()
+            pods = self.view.pods()
+            events = self.view.events() if polled and not observation.running_told else ()
             decision = kubestatus.observe(
                 observation,
                 kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
@@ -284,6 +307,7 @@ class _Follow:
             observation = decision.observation
             if observation.ended_at is not None:
                 self.ended.set()                  # the log reader reads what is left, then says "drained"
+                self.pods_changed.set()
             if decision.delete:
                 self.runner.delete(self.spec)
             for pod in decision.replace:
@@ -292,16 +316,13 @@ class _Follow:
             if decision.done:
                 return
             yield Waiting()
+            kind, payload = self._next()
 
-    def _poll(self, pods, running):
-        """The job's pods, and its events until it runs (a transient failure keeps the last pods)."""
+    def _next(self):
         try:
-            return tuple(self.runner.pods(self.spec)), tuple(self.runner.events(self.spec) if not running else ())
-        except Exception as exc:
-            if not _transient(exc):
-                raise
-            log.warning("job %s: polling pods failed: %s", self.spec.job_id, _message(exc))
-            return pods, ()
+            return self.events.get(timeout=1)
+        except queue.Empty:
+            return "tick", None
 
     def _guard(self, body):
         try:
@@ -311,57 +332,6 @@ class _Follow:
                 log.exception("job %s: %s stopped", self.spec.job_id, body.__name__)
                 self.events.put(("error", exc))
 
-    # --- the MPIJob's conditions -------------------------------------------------------
-
-    def _list(self):
-        result = self.runner.custom.list_namespaced_custom_object(
-            mpijob.GROUP, mpijob.VERSION, self.runner.namespace, mpijob.PLURAL,
-            field_selector=f"metadata.name={self.spec.name}", _request_timeout=self.timings.request_seconds)
-        items = result.get("items", [])
-        if items:
-            self.events.put(("mpijob", items[0]))
-        else:
-            self.events.put(("deleted", None))
-        return result["metadata"]["resourceVersion"], bool(items)
-
-    def _watch(self):
-        version, exists = None, False
-        delay = self.timings.retry_seconds
-        while not self.stop.is_set():
-            try:
-                if version is None:
-                    version, exists = self._list()
-                    if not exists:
-                        return
-                stream = watch.Watch().stream(
-                    self.runner.custom.list_namespaced_custom_object, mpijob.GROUP, mpijob.VERSION,
-                    self.runner.namespace, mpijob.PLURAL, field_selector=f"metadata.name={self.spec.name}",
-                    resource_version=version, timeout_seconds=self.timings.watch_seconds,
-                    allow_watch_bookmarks=True, _request_timeout=self.timings.watch_seconds + 10)
-                for event in stream:
-                    obj = event["object"]
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
-                    if event["type"] == "DELETED":
-                        self.events.put(("deleted", None))
-                        return
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self.events.put(("mpijob", obj))
-                    if self.stop.is_set():
-                        return
-                delay = self.timings.retry_seconds
-            except ApiException as exc:
-                if exc.status == 410:          # our resourceVersion is too old: start over
-                    log.info("job %s: watch expired (410), relisting", self.spec.job_id)
-                    version = None
-                    continue
-                if not _transient(exc):
-                    raise
-                self.stop.wait(delay)
-                delay = min(delay * 2, 10)
-            except _TRANSIENT:
-                self.stop.wait(delay)
-                delay = min(delay * 2, 10)
-
     # --- the launcher's log ------------------------------------------------------------
 
     def _read_logs(self):
@@ -369,13 +339,13 @@ class _Follow:
         cursor = self.cursor
         while not self.stop.is_set():
             if not cursor.pod:
-                pods = self.runner.pods(self.spec, role="launcher")
-                fresh = [p for p in kubestatus.launcher_pods(pods) if p["metadata"]["name"] not in cursor.done]
+                self.pods_changed.clear()
+                fresh = [p for p in kubestatus.launcher_pods(self.view.pods()) if p["metadata"]["name"] not in cursor.done]
                 if not fresh:
                     if self.ended.is_set():
                         self.events.put(("drained", None))
                         return
-                    self.stop.wait(self.timings.poll_seconds)
+                    self.pods_changed.wait(self.timings.poll_seconds)
                     continue
                 cursor.start(fresh[0]["metadata"]["name"])
             state = self._read_pod_log(cursor)

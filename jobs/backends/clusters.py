@@ -1,5 +1,6 @@
 """Kubernetes clusters (for jobs.backends.kubernetes): connecting to one, the namespace a job
 goes to, the MPIJob it becomes, and the runner that runs it there."""
+import hashlib
 import re
 
 import yaml
@@ -120,11 +121,18 @@ def timings(cluster):
     )
 
 
+def connection_key(cluster):
+    """Who the portal is at the cluster's API server: the same for every job of the cluster until
+    an admin changes how it connects (then the follows' shared watches start anew with it)."""
+    material = "\0".join((str(cluster.pk), cluster.connection, cluster.context, cluster.kubeconfig_encrypted))
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
 def runner_for(job):
     """The runner of a kubernetes job on its cluster."""
     cluster = job.cluster
     return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group), timings(cluster),
-                            cluster_name=cluster.name)
+                            cluster_name=cluster.name, connection=connection_key(cluster))
 
 
 def render(job):

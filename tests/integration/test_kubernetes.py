@@ -192,6 +192,29 @@ def test_a_watch_answered_410_gone_relists_and_the_job_still_finishes(http, fake
     assert texts(job_id) == expected(2)
 
 
+def test_jobs_followed_at_once_share_one_watch_per_kind_of_their_namespace(http, fake, cluster):
+    """Four jobs followed at once by one worker: what the cluster says of them comes from one
+    watch of the namespace's MPIJobs, pods and MPIJob events (a shared informer), not from a
+    watch and a pod list every 2 s per job, which made a thousand followed jobs 500 requests a
+    second. Each job still gets its own lines and its own end."""
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold)
+    start = len(fake.raw_requests)
+    jobs = [submit(http, gpus=1) for _ in range(4)]
+    for job_id in jobs:
+        wait_for(lambda: stored_lines(job_id), timeout=60, message=f"job {job_id} to print")
+    hold.set()
+    for job_id in jobs:
+        assert wait_state(job_id, ENDED).state == State.SUCCEEDED
+        assert texts(job_id) == expected(1)
+    paths = [path for method, path, code in fake.raw_requests[start:] if method == "GET" and "/log" not in path]
+    watches = [path for path in paths if "watch=true" in path.lower()]
+    assert not [path for path in paths if "metadata.name" in path or "job-name" in path], paths
+    assert len(watches) <= 2 * 3, watches                   # one per kind (renewed every 30 s), not per job
+    assert {kind for path in watches for kind in ("mpijobs", "pods", "events") if f"/{kind}?" in path} == {
+        "mpijobs", "pods", "events"}
+
+
 def test_a_log_stream_cut_mid_line_loses_and_repeats_nothing(http, fake, cluster):
     fake.scenario = Scenario(steps=20)
     fake.faults.cut_log_once_after = 150
