@@ -140,8 +140,11 @@ def main():
 
         def printing():
             return Job.objects.filter(pk__in=jobs, state=State.RUNNING, next_seq__gt=0).count()
-        deadline = time.monotonic() + args.ramp_timeout
+        deadline, told = time.monotonic() + args.ramp_timeout, time.monotonic()
         while (count := printing()) < args.jobs:
+            if time.monotonic() - told > 30:
+                told = time.monotonic()
+                print(f"  {count} of {args.jobs} print after {told - started:.0f} s", flush=True)
             if time.monotonic() > deadline:
                 ended = Job.objects.filter(pk__in=jobs).exclude(state__in=[State.LAUNCHING, State.RUNNING]).count()
                 raise SystemExit(f"only {count} of {args.jobs} jobs print after {args.ramp_timeout:.0f} s "

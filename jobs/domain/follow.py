@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import dbpool, elastic, failure, heartbeat, states, telemetry
+from jobs.domain import dbpool, elastic, failure, heartbeat, logbatch, states, telemetry
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
@@ -226,15 +226,16 @@ def _store_events(job_id, me, runner, spec, job, splitter):
     # Breaking out of the loop closes the runner's generator: that is how a follow stops.
     for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
         now = time.monotonic()
-        if not isinstance(event, Waiting):
+        if isinstance(event, Output):
+            # Stored with what the worker's other followers print meanwhile, in one transaction.
+            lines = splitter.feed(event.data)
+            end = event.offset + len(event.data)
+            if not logbatch.append(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                   cursor=event.cursor):
+                return True
+        elif not isinstance(event, Waiting):
             with dbpool.borrowed():         # given back before the runner's next event is waited for
-                if isinstance(event, Output):
-                    lines = splitter.feed(event.data)
-                    end = event.offset + len(event.data)
-                    if not append_output(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                         cursor=event.cursor):
-                        return True
-                elif isinstance(event, Running):
+                if isinstance(event, Running):
                     _now_running(job_id, event.detail)
                 elif isinstance(event, Status):
                     states.set_reason(job_id, event.reason)

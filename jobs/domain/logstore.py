@@ -45,54 +45,75 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
     with transaction.atomic():
         # The fields read as values, and written with one UPDATE: no model instance to build and
         # save on each batch (a worker following hundreds of jobs spent a third of its time there).
-        job = (Job.objects.select_for_update().filter(pk=job_id)
-               .values("output_offset", "follower", "next_seq", "failed_rank", "exit_code", "max_gpus").first())
-        if job is None or job["output_offset"] != start or (
-                follower and job["follower"] and job["follower"] != follower):
+        job = (Job.objects.select_for_update().filter(pk=job_id).values(*HELD_FIELDS).first())
+        if not takes(job, start, follower):
             return False
-        seq = job["next_seq"]
-        changed = {}
-        rows, points = [], []
-        for line in lines:
-            ts = timezone.make_aware(line.ts) if line.ts and timezone.is_naive(line.ts) else (line.ts or now)
-            rows.append((seq, line.rank, line.stream, ts, line.text))
-            for metric in extract_metrics(line.text):
-                step = metric.step if metric.step is not None else seq
-                points.append((line.rank, seq, step, metric.name, metric.value, ts))
-            # An elastic job's ranks end on every shrink (Horovod stops them: "Process 3 exit with
-            # status code 134"); that is no failure, so only a fixed job's first rank exit is kept.
-            if line.rank is None and job["failed_rank"] is None and not job["max_gpus"] and not changed:
-                failure = parse_rank_failure(line.text)
-                if failure:
-                    changed["failed_rank"], changed["exit_code"] = failure
-            seq += 1
+        rows, points, changed = rows_of(job_id, job, lines, now)
         if connection.vendor == "postgresql":
-            _copy_rows(job_id, rows, points, now)
+            copy_rows(rows, points, now)
         else:
-            _create_rows(job_id, rows, points)
-        changed.update(next_seq=seq, output_offset=end, output_state=splitter_state)
+            _create_rows(rows, points)
+        changed.update(output_offset=end, output_state=splitter_state)
         if cursor is not None:
             changed["follow_cursor"] = cursor
         Job.objects.filter(pk=job_id).update(**changed)
-        if rows:
-            transaction.on_commit(lambda: _announce(job_id, rows, points))
+        announce_after_commit(job_id, rows, points)
     return True
+
+
+HELD_FIELDS = ("pk", "output_offset", "follower", "next_seq", "failed_rank", "exit_code", "max_gpus")
+
+
+def takes(job, start, follower):
+    """Whether a batch from output byte `start`, by `follower`, is the next one of `job` (its
+    HELD_FIELDS, read under its row lock): the stored output ends there and no other follower
+    holds the job."""
+    return job is not None and job["output_offset"] == start and not (
+        follower and job["follower"] and job["follower"] != follower)
+
+
+def rows_of(job_id, job, lines, now):
+    """(log rows, metric points, job fields changed) of `lines` stored after `job` (its
+    HELD_FIELDS); the rows carry the job id first, as COPY takes them."""
+    seq = job["next_seq"]
+    changed = {}
+    rows, points = [], []
+    for line in lines:
+        ts = timezone.make_aware(line.ts) if line.ts and timezone.is_naive(line.ts) else (line.ts or now)
+        rows.append((job_id, seq, line.rank, line.stream, ts, line.text))
+        for metric in extract_metrics(line.text):
+            step = metric.step if metric.step is not None else seq
+            points.append((job_id, line.rank, seq, step, metric.name, metric.value, ts))
+        # An elastic job's ranks end on every shrink (Horovod stops them: "Process 3 exit with
+        # status code 134"); that is no failure, so only a fixed job's first rank exit is kept.
+        if line.rank is None and job["failed_rank"] is None and not job["max_gpus"] and not changed:
+            failure = parse_rank_failure(line.text)
+            if failure:
+                changed["failed_rank"], changed["exit_code"] = failure
+        seq += 1
+    changed["next_seq"] = seq
+    return rows, points, changed
+
+
+def announce_after_commit(job_id, rows, points):
+    if rows:
+        transaction.on_commit(lambda: _announce(job_id, rows, points))
 
 
 def _announce(job_id, rows, points):
     """Tell the job's viewers about stored rows, with the lines themselves (encoded once here)."""
-    rows = [(seq, rank, stream, ts, _clean(text)) for seq, rank, stream, ts, text in rows]
-    points = [(seq, _clean(name), rank, step, value, ts) for rank, seq, step, name, value, ts in points]
+    rows = [(seq, rank, stream, ts, _clean(text)) for _, seq, rank, stream, ts, text in rows]
+    points = [(seq, _clean(name), rank, step, value, ts) for _, rank, seq, step, name, value, ts in points]
     publish_lines(job_id, rows[-1][0], rows[0][0] - 1, logwire.lines_message(rows), logwire.metrics_message(points))
 
 
-def _create_rows(job_id, rows, points):
+def _create_rows(rows, points):
     LogLine.objects.bulk_create(
         [LogLine(job_id=job_id, seq=seq, rank=rank, stream=stream, ts=ts, text=_clean(text))
-         for seq, rank, stream, ts, text in rows], batch_size=2000)
+         for job_id, seq, rank, stream, ts, text in rows], batch_size=2000)
     MetricPoint.objects.bulk_create(
         [MetricPoint(job_id=job_id, rank=rank, seq=seq, step=step, name=_clean(name), value=value, ts=ts)
-         for rank, seq, step, name, value, ts in points], batch_size=2000)
+         for job_id, rank, seq, step, name, value, ts in points], batch_size=2000)
 
 
 def _columns(model, *names):
@@ -106,8 +127,9 @@ def _copy(cursor, model, columns, text):
                        size=1 << 20)
 
 
-def _copy_rows(job_id, rows, points, now):
-    """COPY the rows (text format: tab separated, \\N for NULL, backslash escapes)."""
+def copy_rows(rows, points, now):
+    """COPY the rows of rows_of (of one job or many; text format: tab separated, \\N for NULL,
+    backslash escapes)."""
     default_ts = now.isoformat()
 
     def ts_text(ts):
@@ -120,12 +142,12 @@ def _copy_rows(job_id, rows, points, now):
         if rows:
             _copy(cursor, LogLine, _columns(LogLine, "job", "seq", "rank", "stream", "ts", "text"), "".join(
                 f"{job_id}\t{seq}\t{rank_text(rank)}\t{stream}\t{ts_text(ts)}\t{_copy_text(text)}\n"
-                for seq, rank, stream, ts, text in rows))
+                for job_id, seq, rank, stream, ts, text in rows))
         if points:
             _copy(cursor, MetricPoint, _columns(MetricPoint, "job", "rank", "seq", "step", "name", "value", "ts"),
                   "".join(f"{job_id}\t{rank_text(rank)}\t{seq}\t{step}\t{_copy_text(name)}\t"
                           f"{value!r}\t{ts_text(ts)}\n"
-                          for rank, seq, step, name, value, ts in points))
+                          for job_id, rank, seq, step, name, value, ts in points))
 
 
 def last_lines(job, rank=None, count=5):

@@ -84,6 +84,64 @@ def test_a_follower_that_lost_its_claim_stores_nothing(make_user, image):
     assert LogLine.objects.filter(job=job).count() == 100
 
 
+def test_followers_storing_at_once_share_transactions_and_each_job_keeps_its_own_checks(make_user, image):
+    """Twenty followers of twenty jobs hand in ten batches each, all at once, through the
+    worker's group writer (one transaction a round, borrowed from the followers' few
+    connections): every job gets its 1,000 lines once and in order, with its offset, cursor and
+    seq, in fewer transactions than batches; a batch at a wrong offset and one from a follower
+    that lost its claim, handed in among them, are refused and store nothing."""
+    from django.db import connection
+
+    from jobs.domain import logbatch
+
+    owner = make_user("alice")
+    jobs = [Job.objects.create(owner=owner, image=image, gpus=2, script_path="t.py", time_limit_minutes=5,
+                               state=State.RUNNING, follower=f"host:1:{n}", follower_heartbeat=timezone.now())
+            for n in range(20)]
+    lines, state = lines_of(CHUNK)
+    results, refused, barrier = {}, [], threading.Barrier(22)
+    commits = []
+    real_store = logbatch._store
+
+    def counting_store(batches):
+        commits.append(len(batches))
+        real_store(batches)
+
+    def follower(n, job):
+        barrier.wait(timeout=10)
+        results[job.pk] = [logbatch.append(job.pk, lines, i * len(CHUNK), (i + 1) * len(CHUNK), state,
+                                           follower=f"host:1:{n}", cursor={"batch": i}) for i in range(10)]
+
+    def intruder(follower_id, start):
+        barrier.wait(timeout=10)
+        refused.append(logbatch.append(jobs[0].pk, lines, start, start + len(CHUNK), state, follower=follower_id))
+
+    logbatch._store = counting_store
+    try:
+        threads = [threading.Thread(target=follower, args=(n, job)) for n, job in enumerate(jobs)]
+        threads += [threading.Thread(target=intruder, args=("host:1:0", 7)),              # not where it ends
+                    threading.Thread(target=intruder, args=("host:9:old", 0))]            # not its follower
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        logbatch._store = real_store
+        from jobs.domain import dbpool
+        dbpool.pool().close_all()
+        connection.close()
+    assert refused == [False, False]
+    assert all(results[job.pk] == [True] * 10 for job in jobs), results
+    assert sum(commits) == 202 and len(commits) < 202                    # shared rounds
+    for job in jobs:
+        stored = list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", "text"))
+        assert [seq for seq, _ in stored] == list(range(1000))
+        assert [text for _, text in stored] == [line.text for _ in range(10) for line in lines]
+        job.refresh_from_db()
+        assert (job.output_offset, job.next_seq, job.follow_cursor) == (10 * len(CHUNK), 1000, {"batch": 9})
+        assert job.output_state == state
+
+
 def test_one_beat_keeps_every_claim_of_the_process_fresh_and_tells_each_follower_what_changed(make_user, image):
     """The worker's heartbeat refreshes the claims its followers hold, all in one beat, and
     tells each follower whether its claim still holds and whether its job was cancelled; a claim
