@@ -120,6 +120,7 @@ class FakeKube:
         self.stopping = threading.Event()
         self._logs = {}             # pod uid -> {"lines": [(ns, bytes)], "partial": bytearray, "done": bool}
         self._job_uids = {}
+        self._event_names = {}      # (namespace, involved uid, reason, message, type) -> event name
         self._server = None
         self._thread = None
         self._sockets = set()
@@ -246,20 +247,24 @@ class FakeKube:
     def record_event(self, ns, involved, etype, reason, message, source):
         involved = {k: v for k, v in involved.items() if v is not None}
         stamp = rfc3339()
+        # The same event again is counted on the one recorded (as the kubelet's aggregation does),
+        # found by its key rather than by scanning every event (quadratic at 1,000 jobs).
+        key = (ns, involved.get("uid"), reason, message, etype)
         with self.store.lock:
-            for e in self.store.list("events", ns):
-                io = e["involvedObject"]
-                if (io.get("uid") == involved.get("uid") and e["reason"] == reason and e["message"] == message
-                        and e["type"] == etype):
-                    return self.store.update("events", ns, e["metadata"]["name"], lambda o: o.update(
-                        count=o["count"] + 1, lastTimestamp=stamp))
-            return self.store.create("events", {
+            if key in self._event_names:
+                again = self.store.update("events", ns, self._event_names[key], lambda o: o.update(
+                    count=o["count"] + 1, lastTimestamp=stamp))
+                if again is not None:
+                    return again
+            made = self.store.create("events", {
                 "apiVersion": "v1", "kind": "Event",
                 "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": ns},
                 "involvedObject": involved, "reason": reason, "message": message, "type": etype,
                 "source": source, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
                 "eventTime": None, "reportingComponent": source["component"],
                 "reportingInstance": source.get("host", "")})
+            self._event_names[key] = made["metadata"]["name"]
+            return made
 
     def launcher_job_uid(self, mpijob_uid):
         return self._job_uids.setdefault(mpijob_uid, str(uuid.uuid4()))
