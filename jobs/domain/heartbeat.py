@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
+from django.db import transaction
 from django.utils import timezone
 
 from jobs.domain import dbpool
@@ -74,10 +75,13 @@ class Heartbeat:
         if not followed:
             return
         at = time.monotonic()
-        with dbpool.borrowed():
-            # A follower id names one follow of one job, so the two lists match pair by pair.
-            Job.objects.filter(pk__in=list(followed), follower__in=list(followed.values())).update(
-                follower_heartbeat=timezone.now())
+        with dbpool.borrowed(), transaction.atomic():
+            # A follower id names one follow of one job, so the two lists match pair by pair. The
+            # rows are locked in id order first, as the followers' group writer locks them
+            # (logbatch): two transactions that lock many job rows in different orders deadlock.
+            held = Job.objects.filter(pk__in=list(followed), follower__in=list(followed.values()))
+            locked = list(held.select_for_update().order_by("pk").values_list("pk", flat=True))
+            Job.objects.filter(pk__in=locked).update(follower_heartbeat=timezone.now())
             rows = Job.objects.filter(pk__in=list(followed)).values_list(
                 "pk", "follower", "cancel_requested", "started_at", "time_limit_minutes")
             readings = {pk: Reading(follower == followed[pk], cancel, started, limit, at)

@@ -8,6 +8,10 @@ first to arrive while no round runs) stores every batch handed in so far, in one
 the jobs' rows locked and checked in one SELECT, every line in one COPY, every job's offset,
 seq and cursor in one UPDATE. Then it hands the next round to a follower that waits, if any.
 
+The jobs' rows are locked in id order, as the followers' heartbeat locks them, so the two never
+deadlock; a round that meets a deadlock with other work anyway is tried again. An error that
+stays is raised in every follower of the round, as append_output's own would have been.
+
 Each batch keeps append_output's rule: it is stored only if it starts where its job's stored
 output ends and no other follower holds the job (checked under the row lock, in order, so two
 batches of one job in a round are checked one after the other); the follower gets False
@@ -15,24 +19,28 @@ otherwise, and only its batch is left out. Not on PostgreSQL (the embedded defau
 one writer anyway), a batch is stored alone with append_output.
 """
 import json
+import logging
 import threading
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from jobs.domain import dbpool, logstore
 from jobs.models import Job
 
+log = logging.getLogger(__name__)
 MAX_ROUND = 500                 # batches stored in one transaction at most
+DEADLOCK_ATTEMPTS = 3
+DEADLOCK_DETECTED = "40P01"     # PostgreSQL's SQLSTATE
 
 
 class _Batch:
-    __slots__ = ("job_id", "lines", "start", "end", "state", "follower", "cursor", "stored", "lead", "done")
+    __slots__ = ("job_id", "lines", "start", "end", "state", "follower", "cursor", "stored", "error", "lead", "done")
 
     def __init__(self, job_id, lines, start, end, state, follower, cursor):
         self.job_id, self.lines, self.start, self.end = job_id, lines, start, end
         self.state, self.follower, self.cursor = state, follower, cursor
-        self.stored, self.lead = None, False
+        self.stored, self.error, self.lead = None, None, False
         self.done = threading.Event()
 
 
@@ -52,26 +60,40 @@ class GroupWriter:
             self._writing = True
         if not batch.lead:
             batch.done.wait()
-        if batch.stored is None:        # this follower leads a round (its own batch is in it)
+        if batch.stored is None and batch.error is None:    # this follower leads a round (its batch is in it)
             self._round()
+        if batch.error is not None:
+            raise batch.error           # as append_output would have, in this follower's thread
         return batch.stored
 
     def _round(self):
         with self._lock:
             taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
         try:
-            with dbpool.borrowed():
-                _store(taken)
+            for attempt in range(DEADLOCK_ATTEMPTS):
+                try:
+                    with dbpool.borrowed():
+                        _store(taken)
+                    break
+                except OperationalError as exc:
+                    if not _deadlock(exc) or attempt == DEADLOCK_ATTEMPTS - 1:
+                        raise
+                    log.warning("storing %s jobs' output: deadlock, trying again", len(taken))
+        except Exception as exc:
+            for batch in taken:
+                batch.error = exc
         finally:
             with self._lock:
                 following = self._waiting[0] if self._waiting else None
                 self._writing = following is not None
             for batch in taken:
-                if batch.stored is None:
-                    batch.stored = False
                 batch.done.set()
             if following is not None:
                 following.done.set()     # it leads the next round (its `stored` is still None)
+
+
+def _deadlock(exc):
+    return getattr(exc.__cause__, "pgcode", None) == DEADLOCK_DETECTED
 
 
 def _store(batches):

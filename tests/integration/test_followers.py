@@ -93,6 +93,7 @@ def test_followers_storing_at_once_share_transactions_and_each_job_keeps_its_own
     from django.db import connection
 
     from jobs.domain import logbatch
+    from jobs.domain.heartbeat import Heartbeat
 
     owner = make_user("alice")
     jobs = [Job.objects.create(owner=owner, image=image, gpus=2, script_path="t.py", time_limit_minutes=5,
@@ -116,21 +117,34 @@ def test_followers_storing_at_once_share_transactions_and_each_job_keeps_its_own
         barrier.wait(timeout=10)
         refused.append(logbatch.append(jobs[0].pk, lines, start, start + len(CHUNK), state, follower=follower_id))
 
+    beat, beating, beats = Heartbeat(), threading.Event(), []
+    for n, job in enumerate(jobs):
+        beat._followed[job.pk] = f"host:1:{n}"           # as follow() does, without its thread
+
+    def heartbeat():                                    # the worker's heartbeat locks the same rows meanwhile
+        while not beating.is_set():
+            beat.beat()
+            beats.append(1)
+
     logbatch._store = counting_store
     try:
         threads = [threading.Thread(target=follower, args=(n, job)) for n, job in enumerate(jobs)]
         threads += [threading.Thread(target=intruder, args=("host:1:0", 7)),              # not where it ends
                     threading.Thread(target=intruder, args=("host:9:old", 0))]            # not its follower
+        beating_thread = threading.Thread(target=heartbeat)
+        beating_thread.start()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
+        beating.set()
+        beating_thread.join(timeout=60)
     finally:
         logbatch._store = real_store
         from jobs.domain import dbpool
         dbpool.pool().close_all()
         connection.close()
-    assert refused == [False, False]
+    assert refused == [False, False] and beats
     assert all(results[job.pk] == [True] * 10 for job in jobs), results
     assert sum(commits) == 202 and len(commits) < 202                    # shared rounds
     for job in jobs:
