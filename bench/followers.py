@@ -15,7 +15,7 @@ of what the figures show. By default they run in this process; `--fake-process` 
 process of their own (so that the fake's threads do not share this process's interpreter lock
 with the benchmark's reads).
 
-    .venv/bin/python bench/followers.py [--jobs 100] [--window 60] [--poll-seconds 2] [--fake-process]
+    .venv/bin/python bench/followers.py [--jobs 100] [--window 60] [--poll-seconds 2] [--fake-process] [--fakes 4]
 """
 import argparse
 import contextlib
@@ -102,6 +102,9 @@ def main():
     parser.add_argument("--poll-seconds", type=float, default=None,
                         help="the worker's RINGMASTER_KUBE_POLL_SECONDS (how often each job's pods are looked at; 2)")
     parser.add_argument("--fake-process", action="store_true", help="the fake API server in a process of its own")
+    parser.add_argument("--fakes", type=int, default=1,
+                        help="fake API servers, each in a process of its own (one Python process cannot play "
+                             "1,000 jobs printing a line a second)")
     parser.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake is not None:
@@ -117,21 +120,29 @@ def main():
     user, token = common.bench_user()
     Image.objects.get_or_create(name="horovod-k8s", defaults={"container_image": "registry.example/horovod:0.28.1"})
     lines = int(args.ramp_timeout + args.window + 120)
-    print(f"the fake API server runs {'in a process of its own' if args.fake_process else 'in this process'}")
-    with fake_kubeconfig(lines, args.fake_process) as kubeconfig, common.Services() as services:
+    own = args.fake_process or args.fakes > 1
+    print(f"the fake API server runs {'in a process of its own' if own else 'in this process'}"
+          + (f", {args.fakes} of them (a cluster each, the jobs spread over them)" if args.fakes > 1 else ""))
+    with contextlib.ExitStack() as stack:
+        kubeconfigs = [stack.enter_context(fake_kubeconfig(lines, own)) for _ in range(args.fakes)]
+        services = stack.enter_context(common.Services())
         Cluster.objects.all().delete()
-        cluster = Cluster(name="fake", namespace=NS, gpus_per_node=1)
-        cluster.set_kubeconfig(kubeconfig)
-        cluster.save()
+        clusters = []
+        for n, kubeconfig in enumerate(kubeconfigs):
+            cluster = Cluster(name=f"fake-{n}", namespace=NS, gpus_per_node=1)
+            cluster.set_kubeconfig(kubeconfig)
+            cluster.save()
+            clusters.append(cluster.name)
         url = services.web()
         worker = services.worker(concurrency=16, extra_env={} if args.poll_seconds is None else {
             "RINGMASTER_KUBE_POLL_SECONDS": str(args.poll_seconds)})
         session = common.api_session(url, token)
         started = time.monotonic()
         jobs = []
-        for _ in range(args.jobs):
+        for n in range(args.jobs):
             response = session.post(f"{session.base}/api/jobs/", json={
-                "image": "horovod-k8s", "gpus": 1, "backend": "kubernetes", "script_path": "/examples/train.py"},
+                "image": "horovod-k8s", "gpus": 1, "backend": "kubernetes", "script_path": "/examples/train.py",
+                "cluster": clusters[n % len(clusters)]},
                 timeout=60)
             response.raise_for_status()
             jobs.append(response.json()["id"])
@@ -186,8 +197,9 @@ def main():
     lag = common.summary(lags)
     print(f"lines written in the window: {len(lags) + late} ({(len(lags) + late) / max(1, wall1 - wall0 - 10):.0f}/s);"
           f" stored within it: {len(lags)}, later or never: {late}")
-    print(f"lag written -> stored: p50 {lag['p50'] * 1000:.0f} ms, p99 {lag['p99'] * 1000:.0f} ms, "
-          f"max {lag['max'] * 1000:.0f} ms")
+    if lags:
+        print(f"lag written -> stored: p50 {lag['p50'] * 1000:.0f} ms, p99 {lag['p99'] * 1000:.0f} ms, "
+              f"max {lag['max'] * 1000:.0f} ms")
     print(f"worker: {cpu * 100:.0f}% of one core; resident memory {max(s['rss_mib'] for s in samples):.0f} MiB "
           f"({max(s['rss_mib'] for s in samples) / args.jobs * 1024:.0f} KiB a job); threads "
           f"{max(s['threads'] for s in samples)}; database connections {max(s['db_connections'] for s in samples)}")
