@@ -9,8 +9,9 @@ the jobs' rows locked and checked in one SELECT, every line in one COPY, every j
 seq and cursor in one UPDATE. Then it hands the next round to a follower that waits, if any.
 
 The jobs' rows are locked in id order, as the followers' heartbeat locks them, so the two never
-deadlock; a round that meets a deadlock with other work anyway is tried again. An error that
-stays is raised in every follower of the round, as append_output's own would have been.
+deadlock; a round that meets a deadlock with other work anyway is tried again. A round that
+fails otherwise is stored again batch by batch, so that an error raises only in the follower
+whose batch fails alone, as append_output's own would have.
 
 Each batch keeps append_output's rule: it is stored only if it starts where its job's stored
 output ends and no other follower holds the job (checked under the row lock, in order, so two
@@ -70,18 +71,17 @@ class GroupWriter:
         with self._lock:
             taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
         try:
-            for attempt in range(DEADLOCK_ATTEMPTS):
-                try:
-                    with dbpool.borrowed():
-                        _store(taken)
-                    break
-                except OperationalError as exc:
-                    if not _deadlock(exc) or attempt == DEADLOCK_ATTEMPTS - 1:
-                        raise
-                    log.warning("storing %s jobs' output: deadlock, trying again", len(taken))
-        except Exception as exc:
-            for batch in taken:
-                batch.error = exc
+            try:
+                _store_retrying(taken)
+            except Exception:
+                # One job's batch must not stop every follower of the round: each alone, so that
+                # only a batch that fails by itself raises (in its own follower).
+                log.exception("storing %s jobs' output together failed; storing each alone", len(taken))
+                for batch in taken:
+                    try:
+                        _store_retrying([batch])
+                    except Exception as exc:
+                        batch.error = exc
         finally:
             with self._lock:
                 following = self._waiting[0] if self._waiting else None
@@ -90,6 +90,17 @@ class GroupWriter:
                 batch.done.set()
             if following is not None:
                 following.done.set()     # it leads the next round (its `stored` is still None)
+
+
+def _store_retrying(batches):
+    for attempt in range(DEADLOCK_ATTEMPTS):
+        try:
+            with dbpool.borrowed():
+                return _store(batches)
+        except OperationalError as exc:
+            if not _deadlock(exc) or attempt == DEADLOCK_ATTEMPTS - 1:
+                raise
+            log.warning("storing %s jobs' output: deadlock, trying again", len(batches))
 
 
 def _deadlock(exc):

@@ -156,6 +156,38 @@ def test_followers_storing_at_once_share_transactions_and_each_job_keeps_its_own
         assert job.output_state == state
 
 
+def test_a_batch_that_cannot_be_stored_fails_only_its_own_follower(make_user, image):
+    """A round in which one job's batch cannot be stored (here: a splitter state that is not
+    JSON) is stored again batch by batch: that follower gets the error, the others of the round
+    have their lines stored."""
+    from jobs.domain import dbpool, logbatch
+
+    owner = make_user("alice")
+    jobs = [Job.objects.create(owner=owner, image=image, gpus=2, script_path="t.py", time_limit_minutes=5,
+                               state=State.RUNNING, follower=f"host:1:{n}", follower_heartbeat=timezone.now())
+            for n in range(4)]
+    lines, state = lines_of(CHUNK)
+    outcomes, barrier = {}, threading.Barrier(4)
+
+    def follower(n, job):
+        barrier.wait(timeout=10)
+        try:
+            outcomes[n] = logbatch.append(job.pk, lines, 0, len(CHUNK), {"bad": {1}} if n == 2 else state,
+                                          follower=f"host:1:{n}")
+        except TypeError as exc:
+            outcomes[n] = exc
+
+    threads = [threading.Thread(target=follower, args=(n, job)) for n, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    dbpool.pool().close_all()
+    assert isinstance(outcomes.pop(2), TypeError)
+    assert outcomes == {0: True, 1: True, 3: True}
+    assert [LogLine.objects.filter(job=job).count() for job in jobs] == [100, 100, 0, 100]
+
+
 def test_one_beat_keeps_every_claim_of_the_process_fresh_and_tells_each_follower_what_changed(make_user, image):
     """The worker's heartbeat refreshes the claims its followers hold, all in one beat, and
     tells each follower whether its claim still holds and whether its job was cancelled; a claim
