@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from . import mpijob
 
 log = logging.getLogger(__name__)
-_TRANSIENT = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+TRANSIENT = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)   # a cut or slow connection
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class Informer:
                             kind.name, self.namespace, exc.status, exc.reason, delay)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10)
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 log.info("%s watch in %s interrupted (%s), resuming", kind.name, self.namespace, exc)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10)

@@ -27,7 +27,7 @@ from . import kubeinformer, kubestatus, mpijob
 from .base import Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
-_TRANSIENT = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+_TRANSIENT = kubeinformer.TRANSIENT
 
 
 @dataclass(frozen=True)
@@ -215,10 +215,8 @@ class KubernetesRunner(Runner):
 
     # --- follow ------------------------------------------------------------------------
 
-    def pods(self, spec, role=None):
+    def pods(self, spec):
         selector = f"{mpijob.JOB_NAME_LABEL}={spec.name}"
-        if role:
-            selector += f",{mpijob.JOB_ROLE_LABEL}={role}"
         return _items(self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False,
                                                     _request_timeout=self.timings.request_seconds))
 
