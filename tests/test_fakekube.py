@@ -191,6 +191,42 @@ def test_watch_without_rv_starts_with_added_and_ends_at_timeout(fake, co):
     fake.scenario.hold.set()
 
 
+def test_a_client_resuming_from_each_bookmark_misses_no_change(tmp_path):
+    """An informer resumes each watch from the last version it got, a bookmark's included: every
+    change made while its watches end and start again reaches it, in order."""
+    with FakeKube(history_limit=100_000) as fake:       # (a resume is never too old here: no 410)
+        api_client = config.new_client_from_config(
+            config_file=str(fake.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)))
+        co = client.CustomObjectsApi(api_client)
+        rv = create(co, "rm-job-7")["metadata"]["resourceVersion"]
+        writes, written = [0], threading.Event()
+
+        def write():                            # as fast as it can for 2.5 s: across the watches' ends
+            until = time.monotonic() + 2.5
+            while time.monotonic() < until:
+                n = writes[0] + 1
+                fake.store.update("mpijobs", NS, "rm-job-7", lambda obj: obj["metadata"]["labels"].update(n=str(n)))
+                writes[0] = n
+            written.set()
+        seen, bookmarks, deadline = [], 0, time.monotonic() + 60
+        threading.Thread(target=write, daemon=True).start()
+        while not (written.is_set() and seen and seen[-1] == writes[0]) and time.monotonic() < deadline:
+            for event in watch.Watch().stream(co.list_namespaced_custom_object, GROUP, VERSION, NS, PLURAL,
+                                              field_selector="metadata.name=rm-job-7", resource_version=rv,
+                                              timeout_seconds=1, allow_watch_bookmarks=True):
+                rv = event["raw_object"]["metadata"]["resourceVersion"]
+                if event["type"] == "BOOKMARK":
+                    bookmarks += 1
+                    continue
+                n = int(event["object"]["metadata"]["labels"].get("n", 0))
+                if n != (seen[-1] if seen else 0):  # (the operator's status changes keep the label)
+                    seen.append(n)
+        api_client.close()
+        assert bookmarks >= 2                   # the writes spanned watches
+        assert seen == list(range(1, writes[0] + 1))
+        assert not fake.errors, fake.errors
+
+
 def test_410_for_a_resource_version_older_than_the_history(fake, co):
     rv = create(co, "rm-job-7")["metadata"]["resourceVersion"]
     fake.wait_for(lambda: condition(fake, "rm-job-7", "Succeeded"), 5)

@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 import http.server
 import json
+import queue
 import re
 import secrets
 import socket
@@ -424,6 +425,16 @@ class FakeKube:
         runner.start()
 
 
+def _drain(events):
+    """What a queue holds now, without waiting."""
+    taken = []
+    while True:
+        try:
+            taken.append(events.get_nowait())
+        except queue.Empty:
+            return taken
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeKube = None
@@ -629,9 +640,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     continue
                 self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
             if bookmarks and not fake.stopping.is_set():
+                # As the API server's: every event up to the bookmark's version was sent first.
+                # (A bookmark at the store's version with events still queued made a client
+                # that resumes from it skip them: a follower never saw its MPIJob run.)
+                with store.lock:
+                    pending, rv = _drain(watcher.queue), store.rv
+                for etype, obj in pending:
+                    self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
                 self.chunk(json.dumps({"type": "BOOKMARK", "object": {
                     "kind": kind, "apiVersion": api_version(resource),
-                    "metadata": {"resourceVersion": str(store.rv)}}}).encode() + b"\n")
+                    "metadata": {"resourceVersion": str(rv)}}}).encode() + b"\n")
             self.end_chunked()
         finally:
             if watcher is not None:
