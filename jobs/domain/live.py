@@ -42,7 +42,8 @@ def _announcer_loop():
         return _loop
 
 
-def _send(job_id, message):
+def publish(job_id, message):
+    """Send one message to the job's viewers (a viewer's trouble never fails the sender)."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -60,13 +61,13 @@ def _send(job_id, message):
 
 
 def publish_state(job):
-    _send(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason})
+    publish(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason})
 
 
 def publish_system(job_id, samples, hint):
     """New system samples of a job (jobs.domain.telemetry), as JSON-ready dicts."""
     samples = [{**sample, "ts": sample["ts"].isoformat()} for sample in samples]
-    _send(job_id, {"type": "job.system", "samples": samples, "hint": hint})
+    publish(job_id, {"type": "job.system", "samples": samples, "hint": hint})
 
 
 # A push carries its lines up to this size (one message per web process with the pub/sub
@@ -74,29 +75,36 @@ def publish_system(job_id, samples, hint):
 MAX_PUSH_BYTES = 1 << 20
 
 
-def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
+def lines_message(last_seq, after=None, lines=None, metrics=None):
     """Lines up to `last_seq` are stored; `lines` and `metrics` (jobs.domain.logwire messages)
     are the ones after seq `after`, where they are small enough to travel."""
     message = {"type": "job.lines", "last_seq": last_seq}
     if lines is not None and len(lines) + len(metrics or "") <= MAX_PUSH_BYTES:
         message.update(after=after, lines=lines, metrics=metrics, sent=time.time())
-    _send(job_id, message)
+    return message
+
+
+def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
+    publish(job_id, lines_message(last_seq, after, lines, metrics))
 
 
 BATCH_CONCURRENCY = 32
 
 
 def publish_states(jobs):
-    """publish_state for many jobs at once (the scheduler's new reasons for a long queue): the
-    sends run concurrently on the announcement loop, at most BATCH_CONCURRENCY at a time,
-    instead of one round trip to Redis after another."""
+    """publish_state for many jobs at once (the scheduler's new reasons for a long queue)."""
+    publish_many([(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason}) for job in jobs])
+
+
+def publish_many(messages):
+    """[(job id, message)] sent concurrently on the announcement loop, at most BATCH_CONCURRENCY
+    at a time, instead of one round trip to Redis after another."""
     layer = get_channel_layer()
-    if layer is None or not jobs:
+    if layer is None or not messages:
         return
-    messages = [(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason}) for job in jobs]
     if isinstance(layer, InMemoryChannelLayer):
         for job_id, message in messages:
-            _send(job_id, message)
+            publish(job_id, message)
         return
 
     async def send_all():

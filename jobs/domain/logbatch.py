@@ -26,7 +26,7 @@ import threading
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from jobs.domain import dbpool, logstore
+from jobs.domain import dbpool, live, logstore
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _store(batches):
                                                   follower=batch.follower, cursor=batch.cursor)
         return
     now = timezone.now()
-    accepted = []
+    accepted, announced = [], []
     with transaction.atomic():
         held = {row["pk"]: row for row in Job.objects.select_for_update().filter(
             pk__in={batch.job_id for batch in batches}).order_by("pk").values(*logstore.HELD_FIELDS)}
@@ -131,10 +131,14 @@ def _store(batches):
             update.update(job, state=batch.state)
             if batch.cursor is not None:
                 update["cursor"] = batch.cursor
-            logstore.announce_after_commit(batch.job_id, mine, my_points)
+            if mine:
+                announced.append((batch.job_id, mine, my_points))
             accepted.append(batch)
         logstore.copy_rows(rows, points, now)
         _update_jobs(updates)
+        # The round's pushes go out together: one after another, 1,000 jobs' round trips to
+        # Redis kept every follower waiting on the round for most of a second.
+        transaction.on_commit(lambda: live.publish_many([logstore.announcement(*each) for each in announced]))
     for batch in batches:                   # committed
         batch.stored = batch in accepted
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from runners.output import extract_metrics, parse_rank_failure
 
 from jobs.domain import logwire
-from jobs.domain.live import publish_lines
+from jobs.domain.live import lines_message, publish
 from jobs.models import Job, LogLine, MetricPoint
 
 # PostgreSQL text cannot hold NUL; a program that prints one must not stop its job's log.
@@ -101,10 +101,16 @@ def announce_after_commit(job_id, rows, points):
 
 
 def _announce(job_id, rows, points):
-    """Tell the job's viewers about stored rows, with the lines themselves (encoded once here)."""
+    publish(*announcement(job_id, rows, points))
+
+
+def announcement(job_id, rows, points):
+    """(job id, message) telling the job's viewers about stored rows, with the lines themselves
+    (encoded once here)."""
     rows = [(seq, rank, stream, ts, _clean(text)) for _, seq, rank, stream, ts, text in rows]
     points = [(seq, _clean(name), rank, step, value, ts) for _, rank, seq, step, name, value, ts in points]
-    publish_lines(job_id, rows[-1][0], rows[0][0] - 1, logwire.lines_message(rows), logwire.metrics_message(points))
+    return job_id, lines_message(rows[-1][0], rows[0][0] - 1, logwire.lines_message(rows),
+                                 logwire.metrics_message(points))
 
 
 def _create_rows(rows, points):

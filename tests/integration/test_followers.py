@@ -5,6 +5,7 @@ repeat; a launch that hangs is failed; a job over its time limit is stopped.
 The worker tests run a web server and workers of their own, on a queue of their own, with short
 timeouts (the follower goes stale after 3 s, a launch may take 3 s), so they need not wait for
 the defaults."""
+import json
 import os
 import re
 import signal
@@ -154,6 +155,67 @@ def test_followers_storing_at_once_share_transactions_and_each_job_keeps_its_own
         job.refresh_from_db()
         assert (job.output_offset, job.next_seq, job.follow_cursor) == (10 * len(CHUNK), 1000, {"batch": 9})
         assert job.output_state == state
+
+
+def test_each_job_of_a_shared_round_pushes_its_own_lines_to_its_viewers(make_user, image):
+    """The rounds' pushes, sent together after each commit, reach each job's viewers (a
+    subscriber of the jobs' groups, as a web process is) with that job's lines and nothing else:
+    seq ranges that follow one another from the first line to the last, no line of another job."""
+    import asyncio
+
+    from channels.layers import get_channel_layer
+    from django.db import connection
+
+    from jobs.domain import dbpool, live, logbatch
+
+    owner = make_user("alice")
+    jobs = [Job.objects.create(owner=owner, image=image, gpus=2, script_path="t.py", time_limit_minutes=5,
+                               state=State.RUNNING, follower=f"host:1:{n}", follower_heartbeat=timezone.now())
+            for n in range(8)]
+    chunks = {job.pk: b"".join(b"[0]<stdout>:job=%d line=%d\n" % (job.pk, i) for i in range(100)) for job in jobs}
+    pushes, subscribed, received = {job.pk: [] for job in jobs}, threading.Event(), threading.Event()
+
+    async def listen():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        for job in jobs:
+            await layer.group_add(live.group_name(job.pk), channel)
+        subscribed.set()
+        loop, deadline = asyncio.get_running_loop(), asyncio.get_running_loop().time() + 60
+        while not all(p and p[-1]["last_seq"] == 499 for p in pushes.values()) and loop.time() < deadline:
+            message = await asyncio.wait_for(layer.receive(channel), deadline - loop.time())
+            job_id = next(pk for pk in pushes if f"job={pk} " in message.get("lines", ""))
+            pushes[job_id].append(message)
+        received.set()
+
+    listener = threading.Thread(target=lambda: asyncio.run(listen()))
+    listener.start()
+    assert subscribed.wait(10)
+
+    def follower(n, job):
+        splitter = OutputSplitter()
+        for i in range(5):
+            lines = splitter.feed(chunks[job.pk])
+            assert logbatch.append(job.pk, lines, i * len(chunks[job.pk]), (i + 1) * len(chunks[job.pk]),
+                                   splitter.state(), follower=f"host:1:{n}")
+
+    try:
+        threads = [threading.Thread(target=follower, args=(n, job)) for n, job in enumerate(jobs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert received.wait(60)
+        listener.join(10)
+    finally:
+        dbpool.pool().close_all()
+        connection.close()
+    for job in jobs:
+        ranges = [(push["after"], push["last_seq"]) for push in sorted(pushes[job.pk], key=lambda p: p["after"])]
+        assert ranges[0][0] == -1 and ranges[-1][1] == 499
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
+        texts = [line["text"] for push in pushes[job.pk] for line in json.loads(push["lines"])["lines"]]
+        assert sorted(texts) == sorted(f"job={job.pk} line={i}" for i in range(100) for _ in range(5))
 
 
 def test_a_batch_that_cannot_be_stored_fails_only_its_own_follower(make_user, image):
