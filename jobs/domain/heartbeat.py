@@ -79,10 +79,10 @@ class Heartbeat:
             # A follower id names one follow of one job, so the two lists match pair by pair. The
             # rows are locked in id order first, as the followers' group writer locks them
             # (logbatch): two transactions that lock many job rows in different orders deadlock.
-            held = Job.objects.filter(pk__in=list(followed), follower__in=list(followed.values()))
+            held = Job.objects.filter(pk__anyof=list(followed), follower__anyof=list(followed.values()))
             locked = list(held.select_for_update().order_by("pk").values_list("pk", flat=True))
-            Job.objects.filter(pk__in=locked).update(follower_heartbeat=timezone.now())
-            rows = Job.objects.filter(pk__in=list(followed)).values_list(
+            Job.objects.filter(pk__anyof=locked).update(follower_heartbeat=timezone.now())
+            rows = Job.objects.filter(pk__anyof=list(followed)).values_list(
                 "pk", "follower", "cancel_requested", "started_at", "time_limit_minutes")
             readings = {pk: Reading(follower == followed[pk], cancel, started, limit, at)
                         for pk, follower, cancel, started, limit in rows}

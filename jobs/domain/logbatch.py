@@ -117,7 +117,7 @@ def _store(batches):
     accepted, announced = [], []
     with transaction.atomic():
         held = {row["pk"]: row for row in Job.objects.select_for_update().filter(
-            pk__in={batch.job_id for batch in batches}).order_by("pk").values(*logstore.HELD_FIELDS)}
+            pk__anyof=list({batch.job_id for batch in batches})).order_by("pk").values(*logstore.HELD_FIELDS)}
         rows, points, updates = [], [], {}
         for batch in batches:
             job = held.get(batch.job_id)
