@@ -21,8 +21,9 @@ def _iso(ts):
 
 def lines_message(rows):
     """{"type": "lines", ...} for (seq, rank, stream, ts, text) rows in seq order."""
+    zone = timezone.get_current_timezone()     # once, not per line (timezone.localtime's lookup)
     return json.dumps({"type": "lines", "lines": [
-        {"seq": seq, "rank": rank_label(rank), "stream": stream, "ts": _iso(timezone.localtime(ts)), "text": text}
+        {"seq": seq, "rank": rank_label(rank), "stream": stream, "ts": _iso(ts.astimezone(zone)), "text": text}
         for seq, rank, stream, ts, text in rows]})
 
 
