@@ -97,7 +97,7 @@ def rows_of(job_id, job, lines, now):
 
 def announce_after_commit(job_id, rows, points):
     if rows:
-        transaction.on_commit(lambda: _announce(job_id, rows, points))
+        transaction.on_commit(lambda: _announce(job_id, rows, points), robust=True)
 
 
 def _announce(job_id, rows, points):
