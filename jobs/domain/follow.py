@@ -223,75 +223,89 @@ def _store_events(job_id, me, runner, spec, job, splitter):
     next_host_check = next_size_check = beat_seen = 0.0
     settled = False
     stop_reason = None
-    # Breaking out of the loop closes the runner's generator: that is how a follow stops.
-    for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
-        now = time.monotonic()
-        if isinstance(event, Output):
-            # Stored with what the worker's other followers print meanwhile, in one transaction.
-            lines = splitter.feed(event.data)
-            end = event.offset + len(event.data)
-            if not logbatch.append(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                   cursor=event.cursor):
-                return True
-        elif not isinstance(event, Waiting):
-            with dbpool.borrowed():         # given back before the runner's next event is waited for
-                if isinstance(event, Running):
-                    _now_running(job_id, event.detail)
-                elif isinstance(event, Status):
-                    states.set_reason(job_id, event.reason)
-                elif isinstance(event, Exited):
-                    lines = splitter.finish()
-                    job = Job.objects.get(pk=job_id)
-                    if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
-                                                   splitter.state(), follower=me):
+    pending = None          # the batch handed in last, until its answer was looked at
+    try:
+        # Breaking out of the loop closes the runner's generator: that is how a follow stops.
+        for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
+            now = time.monotonic()
+            if isinstance(event, Output):
+                # Stored by the worker's writer with what its other followers print meanwhile, in one
+                # transaction; its answer is looked at when the next batch comes (or anything else).
+                if pending is not None and not pending.result():
+                    return True
+                lines = splitter.feed(event.data)
+                end = event.offset + len(event.data)
+                pending = logbatch.submit(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                          cursor=event.cursor)
+            elif not isinstance(event, Waiting):
+                if pending is not None:         # what the event says comes after every line before it
+                    stored, pending = pending.result(), None
+                    if not stored:
                         return True
-                    if stop_reason or job.cancel_requested:
-                        # The launcher may have gone first (a cancel elsewhere signals it before the
-                        # ranks): the job ends only once every one of its processes has.
-                        runner.cancel(spec)
-                    finish(job_id, event, stop_reason)
-                    return False
-        if spec.elastic and stop_reason is None and now >= next_size_check:
-            # The scheduler resized the job: Horovod picks it up within a second of this.
-            next_size_check = now + SIZE_CHECK_SECONDS
-            with dbpool.borrowed():
-                size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
-                if size and size != spec.gpus:
-                    try:
-                        spec = replace(spec, gpus=_apply_size(job_id))
-                    except Exception:                    # a host it grows onto is away: try again soon
-                        log.exception("job %s: applying its size %s failed", job_id, size)
-                        next_size_check = now + HOST_CHECK_SECONDS
-        # What the worker's heartbeat last read of the job (a query only when there is work).
-        reading = heartbeat.reading(job_id)
-        if reading is None or reading.at <= beat_seen:
-            continue
-        beat_seen = reading.at
-        if not reading.held:
-            return True
-        if stop_reason is not None:
-            continue
-        if spec.elastic:
-            if now >= next_host_check:
-                next_host_check = now + HOST_CHECK_SECONDS
+                with dbpool.borrowed():         # given back before the runner's next event is waited for
+                    if isinstance(event, Running):
+                        _now_running(job_id, event.detail)
+                    elif isinstance(event, Status):
+                        states.set_reason(job_id, event.reason)
+                    elif isinstance(event, Exited):
+                        lines = splitter.finish()
+                        job = Job.objects.get(pk=job_id)
+                        if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
+                                                       splitter.state(), follower=me):
+                            return True
+                        if stop_reason or job.cancel_requested:
+                            # The launcher may have gone first (a cancel elsewhere signals it before the
+                            # ranks): the job ends only once every one of its processes has.
+                            runner.cancel(spec)
+                        finish(job_id, event, stop_reason)
+                        return False
+            if spec.elastic and stop_reason is None and now >= next_size_check:
+                # The scheduler resized the job: Horovod picks it up within a second of this.
+                next_size_check = now + SIZE_CHECK_SECONDS
                 with dbpool.borrowed():
-                    try:
-                        current = Job.objects.get(pk=job_id)
-                        backends.of(current).watch_hosts(current)
-                    except Exception:                # never the end of the job's follower
-                        log.exception("job %s: looking at its hosts failed", job_id)
-            if not settled and reading.started_at and reading.started_at <= elastic.settled_since():
-                settled = True
+                    size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
+                    if size and size != spec.gpus:
+                        try:
+                            spec = replace(spec, gpus=_apply_size(job_id))
+                        except Exception:                    # a host it grows onto is away: try again soon
+                            log.exception("job %s: applying its size %s failed", job_id, size)
+                            next_size_check = now + HOST_CHECK_SECONDS
+            # What the worker's heartbeat last read of the job (a query only when there is work).
+            reading = heartbeat.reading(job_id)
+            if reading is None or reading.at <= beat_seen:
+                continue
+            beat_seen = reading.at
+            if not reading.held:
+                return True
+            if stop_reason is not None:
+                continue
+            if spec.elastic:
+                if now >= next_host_check:
+                    next_host_check = now + HOST_CHECK_SECONDS
+                    with dbpool.borrowed():
+                        try:
+                            current = Job.objects.get(pk=job_id)
+                            backends.of(current).watch_hosts(current)
+                        except Exception:                # never the end of the job's follower
+                            log.exception("job %s: looking at its hosts failed", job_id)
+                if not settled and reading.started_at and reading.started_at <= elastic.settled_since():
+                    settled = True
+                    with dbpool.borrowed():
+                        taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
+            if reading.cancel_requested:
+                stop_reason = "cancel"
+                runner.cancel(spec)
+            elif reading.started_at and (timezone.now() - reading.started_at
+                                         > timedelta(minutes=reading.time_limit_minutes)):
                 with dbpool.borrowed():
-                    taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
-        if reading.cancel_requested:
-            stop_reason = "cancel"
-            runner.cancel(spec)
-        elif reading.started_at and timezone.now() - reading.started_at > timedelta(minutes=reading.time_limit_minutes):
-            with dbpool.borrowed():
-                stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
-            runner.cancel(spec)
-    return False
+                    stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
+                runner.cancel(spec)
+        return False
+    finally:
+        # The claim is given up only once the last batch is stored or refused: a follower that
+        # takes the job over then starts where the stored output really ends.
+        if pending is not None:
+            pending.done.wait()
 
 
 def finish(job_id, exited, stop_reason=None):

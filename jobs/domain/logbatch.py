@@ -3,10 +3,11 @@
 Each follower stored each batch of its job in a transaction of its own (BEGIN, the job's row
 locked and checked, COPY, UPDATE, COMMIT): a worker following 200 jobs that print a line a
 second spent 70% of its interpreter's time in those round trips (BENCHMARKS.md §15), and 1,000
-jobs were out of reach. Here the followers hand their batches in and wait; one of them (the
-first to arrive while no round runs) stores every batch handed in so far, in one transaction:
-the jobs' rows locked and checked in one SELECT, every line in one COPY, every job's offset,
-seq and cursor in one UPDATE. Then it hands the next round to a follower that waits, if any.
+jobs were out of reach. Here the followers hand their batches in (submit) and go on; the
+process's writer thread stores every batch handed in while its last round ran, in one
+transaction: the jobs' rows locked and checked in one SELECT, every line in one COPY, every
+job's offset, seq and cursor in one UPDATE. A follower looks at its batch's answer (Pending)
+before it hands in the next one, or waits for it (append) where it must know.
 
 The jobs' rows are locked in id order, as the followers' heartbeat locks them, so the two never
 deadlock; a round that meets a deadlock with other work anyway is tried again. A round that
@@ -21,6 +22,7 @@ one writer anyway), a batch is stored alone with append_output.
 """
 import json
 import logging
+import os
 import threading
 
 from django.db import OperationalError, connection, transaction
@@ -35,41 +37,56 @@ DEADLOCK_ATTEMPTS = 3
 DEADLOCK_DETECTED = "40P01"     # PostgreSQL's SQLSTATE
 
 
-class _Batch:
-    __slots__ = ("job_id", "lines", "start", "end", "state", "follower", "cursor", "stored", "error", "lead", "done")
+class Pending:
+    """A batch handed in: stored (or refused, or failed) once its round has committed."""
+    __slots__ = ("job_id", "lines", "start", "end", "state", "follower", "cursor", "stored", "error", "done")
 
     def __init__(self, job_id, lines, start, end, state, follower, cursor):
         self.job_id, self.lines, self.start, self.end = job_id, lines, start, end
         self.state, self.follower, self.cursor = state, follower, cursor
-        self.stored, self.error, self.lead = None, None, False
+        self.stored, self.error = None, None
         self.done = threading.Event()
+
+    def result(self, timeout=None):
+        """append_output's answer for this batch (True: stored; False: refused), once its round
+        committed; its error, raised here, if it could not be stored."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"job {self.job_id}: its output was not stored within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.stored
 
 
 class GroupWriter:
+    """The worker process's writer of its followers' batches: a thread of its own that stores, in
+    one round, every batch handed in while the round before it ran. A follower hands a batch in
+    and goes on reading (it looks at the answer later): it is woken only when its job prints, not
+    once more when its lines are stored."""
+
     def __init__(self):
-        self._lock = threading.Lock()
+        self._ready = threading.Condition()
         self._waiting = []
-        self._writing = False
+        self._pid = None
 
-    def append(self, job_id, lines, start, end, splitter_state, follower=None, cursor=None):
-        """append_output's contract (True: stored; False: nothing stored, stop following), for
-        a caller that holds no borrowed database connection: it borrows one only to lead a round."""
-        batch = _Batch(job_id, lines, start, end, splitter_state, follower, cursor)
-        with self._lock:
+    def submit(self, job_id, lines, start, end, splitter_state, follower=None, cursor=None):
+        batch = Pending(job_id, lines, start, end, splitter_state, follower, cursor)
+        with self._ready:
+            if self._pid != os.getpid():            # first use in this process (again after a fork)
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="follow-writer", daemon=True).start()
             self._waiting.append(batch)
-            batch.lead = not self._writing
-            self._writing = True
-        if not batch.lead:
-            batch.done.wait()
-        if batch.stored is None and batch.error is None:    # this follower leads a round (its batch is in it)
-            self._round()
-        if batch.error is not None:
-            raise batch.error           # as append_output would have, in this follower's thread
-        return batch.stored
+            self._ready.notify()
+        return batch
 
-    def _round(self):
-        with self._lock:
-            taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
+    def _run(self):
+        while True:
+            with self._ready:
+                while not self._waiting:
+                    self._ready.wait()
+                taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
+            self._round(taken)
+
+    def _round(self, taken):
         try:
             try:
                 _store_retrying(taken)
@@ -82,14 +99,14 @@ class GroupWriter:
                         _store_retrying([batch])
                     except Exception as exc:
                         batch.error = exc
+        except BaseException as exc:        # never a batch left without an answer
+            for batch in taken:
+                if batch.stored is None and batch.error is None:
+                    batch.error = exc
+            raise
         finally:
-            with self._lock:
-                following = self._waiting[0] if self._waiting else None
-                self._writing = following is not None
             for batch in taken:
                 batch.done.set()
-            if following is not None:
-                following.done.set()     # it leads the next round (its `stored` is still None)
 
 
 def _store_retrying(batches):
@@ -137,8 +154,10 @@ def _store(batches):
         logstore.copy_rows(rows, points, now)
         _update_jobs(updates)
         # The round's pushes go out together: one after another, 1,000 jobs' round trips to
-        # Redis kept every follower waiting on the round for most of a second.
-        transaction.on_commit(lambda: live.publish_many([logstore.announcement(*each) for each in announced]))
+        # Redis kept every follower waiting on the round for most of a second. Robust: what is
+        # committed is stored, whatever becomes of its announcement (viewers resync).
+        transaction.on_commit(lambda: live.publish_many([logstore.announcement(*each) for each in announced]),
+                              robust=True)
     for batch in batches:                   # committed
         batch.stored = batch in accepted
 
@@ -169,5 +188,11 @@ def _update_jobs(updates):
 _writer = GroupWriter()
 
 
+def submit(job_id, lines, start, end, splitter_state, follower=None, cursor=None):
+    """Hand a batch in; its Pending tells whether it was stored (append_output's contract)."""
+    return _writer.submit(job_id, lines, start, end, splitter_state, follower=follower, cursor=cursor)
+
+
 def append(job_id, lines, start, end, splitter_state, follower=None, cursor=None):
-    return _writer.append(job_id, lines, start, end, splitter_state, follower=follower, cursor=cursor)
+    """submit() and wait for the answer."""
+    return submit(job_id, lines, start, end, splitter_state, follower=follower, cursor=cursor).result()
