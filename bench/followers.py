@@ -32,6 +32,7 @@ from bench import common  # noqa: E402
 
 NS = "bench"
 STAMP = re.compile(r"t=(\d+\.\d+)")
+SLICE_SECONDS = 10
 
 
 class Ticks:
@@ -170,7 +171,7 @@ def main():
         samples = []
         while time.monotonic() - t0 < args.window:
             now = time.time()
-            for pk, next_seq in Job.objects.filter(pk__in=jobs).values_list("pk", "next_seq"):
+            for pk, next_seq in Job.objects.filter(pk__anyof=jobs).values_list("pk", "next_seq"):
                 for seq in range(last.get(pk, 0), next_seq):
                     seen[(pk, seq)] = now
                 last[pk] = next_seq
@@ -182,7 +183,7 @@ def main():
         samples.append(worker_figures(worker))
         failed = Job.objects.filter(pk__in=jobs).exclude(state=State.RUNNING).count()
 
-    lags, late = [], 0
+    lags, late, by_slice = [], 0, {}
     for pk, seq, text in LogLine.objects.filter(Q(job_id__in=jobs)).values_list("job_id", "seq", "text").iterator():
         match = STAMP.search(text)
         if not match:
@@ -192,6 +193,7 @@ def main():
             continue
         if (pk, seq) in seen:
             lags.append(seen[(pk, seq)] - written)
+            by_slice.setdefault(int((written - wall0) // SLICE_SECONDS), []).append(lags[-1])
         else:
             late += 1                                    # stored after the window (or never)
     lag = common.summary(lags)
@@ -200,6 +202,10 @@ def main():
     if lags:
         print(f"lag written -> stored: p50 {lag['p50'] * 1000:.0f} ms, p99 {lag['p99'] * 1000:.0f} ms, "
               f"max {lag['max'] * 1000:.0f} ms")
+        # Whether the lag settles (a backlog of the ramp drained) or grows (the worker falls behind).
+        print("  by when written: " + "; ".join(
+            f"{n * SLICE_SECONDS:.0f}-{(n + 1) * SLICE_SECONDS:.0f} s p50 {common.summary(v)['p50'] * 1000:.0f} / "
+            f"p99 {common.summary(v)['p99'] * 1000:.0f} ms" for n, v in sorted(by_slice.items())))
     print(f"worker: {cpu * 100:.0f}% of one core; resident memory {max(s['rss_mib'] for s in samples):.0f} MiB "
           f"({max(s['rss_mib'] for s in samples) / args.jobs * 1024:.0f} KiB a job); threads "
           f"{max(s['threads'] for s in samples)}; database connections {max(s['db_connections'] for s in samples)}")
