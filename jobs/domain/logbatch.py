@@ -47,11 +47,10 @@ class Pending:
         self.stored, self.error = None, None
         self.done = threading.Event()
 
-    def result(self, timeout=None):
+    def result(self):
         """append_output's answer for this batch (True: stored; False: refused), once its round
         committed; its error, raised here, if it could not be stored."""
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"job {self.job_id}: its output was not stored within {timeout} s")
+        self.done.wait()
         if self.error is not None:
             raise self.error
         return self.stored
