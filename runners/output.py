@@ -67,6 +67,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 __all__ = [
     "LAUNCHER",
@@ -89,8 +90,10 @@ MAX_METRIC_NAME_LENGTH = 100
 _STATE_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
+    """One line of output (immutable; a tuple, as the splitter makes one for every line and a
+    frozen dataclass cost more to build than the rest of the fast path)."""
+
     rank: int | None  # None = launcher (untagged)
     stream: str  # "stdout" | "stderr"  (Open MPI "stddiag" -> "stderr")
     text: str  # no trailing \n / \r
@@ -283,8 +286,9 @@ class OutputSplitter:
                 rank, stream, text = whole.groups()
                 key = (int(rank), _STREAM_NAMES[stream])
                 if key not in self._pending and len(text) <= self._max_line_bytes and b"]<" not in text:
-                    out.append(Line(key[0], key[1], _decode(text), None))
-                    self._to_launcher()
+                    out.append(Line(key[0], key[1], text.decode("utf-8", "replace"), None))
+                    if self._target is not _LAUNCHER_KEY:
+                        self._to_launcher()
                     start = whole.end()
                     continue
             match = search(raw, start)
