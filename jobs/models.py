@@ -166,7 +166,13 @@ class LogLine(models.Model):
     """One line of one rank's output. seq is per job, gap-free, from 0."""
 
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    # Output is the largest, fastest-growing table. No foreign key in the database: PostgreSQL
+    # checked it row by row at each commit, 35 of a 7,500-line batch's 95 ms (BENCHMARKS.md,
+    # ingest). Rows are written only under the job's row lock, and a job's delete takes that lock
+    # first (jobs.domain.receivers), so no line outlives its job; Django deletes them with it.
+    # No index of its own either: the job's (job, seq) ones begin with it.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines", db_constraint=False,
+                            db_index=False)
     seq = models.BigIntegerField()
     rank = models.IntegerField(null=True, blank=True, help_text="None: the launcher's own lines.")
     stream = models.CharField(max_length=6)
@@ -181,7 +187,8 @@ class LogLine(models.Model):
 
 class MetricPoint(models.Model):
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False,
+                            db_index=False)     # as LogLine.job, and written with it
     rank = models.IntegerField(null=True, blank=True)
     seq = models.BigIntegerField(default=0, help_text="The log line it was read from.")
     step = models.BigIntegerField()

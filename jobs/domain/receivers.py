@@ -1,12 +1,20 @@
 """Signal receivers of the domain (connected in jobs.apps.JobsConfig.ready)."""
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_delete
 from django.dispatch import receiver
 
 from jobs import taskqueue
-from jobs.models import Quota
+from jobs.models import Job, Quota
 
 
 @receiver([post_save, post_delete], sender=Quota)
 def look_at_the_queue_again(sender, **kwargs):
     """A raised (or removed) limit may let queued jobs start now, not at the next beat."""
     taskqueue.wake_scheduler()
+
+
+@receiver(pre_delete, sender=Job)
+def wait_for_the_jobs_last_output(sender, instance, **kwargs):
+    """A job's lines and points have no foreign key in the database (jobs.models.LogLine): take
+    the row lock their writer holds, so a batch being stored is deleted with the job (Django
+    deletes them after this, in the same transaction) and a later one finds no job to store to."""
+    Job.objects.select_for_update().filter(pk=instance.pk).exists()
