@@ -224,19 +224,24 @@ def _store_events(job_id, me, runner, spec, job, splitter):
     settled = False
     stop_reason = None
     pending = None          # the batch handed in last, until its answer was looked at
+    next_seq = job.next_seq  # where the job's seq stands once what was handed in is stored
     try:
         # Breaking out of the loop closes the runner's generator: that is how a follow stops.
         for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
             now = time.monotonic()
             if isinstance(event, Output):
                 # Stored by the worker's writer with what its other followers print meanwhile, in one
-                # transaction; its answer is looked at when the next batch comes (or anything else).
-                if pending is not None and not pending.result():
-                    return True
+                # transaction. This batch is split and prepared while the one before it is stored;
+                # that one's answer is looked at once this one is handed in (a batch after a
+                # refused one is refused too: it does not start where the stored output ends).
                 lines = splitter.feed(event.data)
                 end = event.offset + len(event.data)
-                pending = logbatch.submit(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                          cursor=event.cursor)
+                handed = logbatch.submit(job_id, lines, event.offset, end, splitter.state(), follower=me,
+                                         cursor=event.cursor, first_seq=next_seq)
+                next_seq += len(lines)
+                if pending is not None and not pending.result():
+                    return True
+                pending = handed
             elif not isinstance(event, Waiting):
                 if pending is not None:         # what the event says comes after every line before it
                     stored, pending = pending.result(), None

@@ -13,6 +13,7 @@ the server's loop: there async_to_sync, which hands the call to that loop, stays
 import asyncio
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -93,6 +94,40 @@ def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
 
 BATCH_CONCURRENCY = 32
 
+_later = None            # (pid, queue) of this process's announcer thread
+_later_lock = threading.Lock()
+
+
+def publish_many_later(make_messages):
+    """publish_many(make_messages()) on this process's announcer thread, in the order handed in.
+
+    The worker's writer hands a stored round's lines here and goes on to store the next round
+    while these are encoded and sent: encoding them in the writer took a fifth of a large
+    batch's time (BENCHMARKS.md, ingest). Whatever waits here is announced together. A push
+    that overtakes them (a state change) is safe: the consumer sends what is stored first."""
+    global _later
+    with _later_lock:
+        if _later is None or _later[0] != os.getpid():
+            waiting = queue.SimpleQueue()
+            threading.Thread(target=_announce_forever, args=(waiting,), name="ringmaster-announcer",
+                             daemon=True).start()
+            _later = (os.getpid(), waiting)
+    _later[1].put(make_messages)
+
+
+def _announce_forever(waiting):
+    while True:
+        makers = [waiting.get()]
+        while not waiting.empty():
+            makers.append(waiting.get())
+        messages = []
+        for make in makers:
+            try:
+                messages += make()
+            except Exception:       # viewers resync from the database
+                log.warning("could not make an announcement", exc_info=True)
+        publish_many(messages)
+
 
 def publish_states(jobs):
     """publish_state for many jobs at once (the scheduler's new reasons for a long queue)."""
@@ -126,7 +161,10 @@ def publish_many(messages):
     async def send_all():
         # BATCH_CONCURRENCY senders, not a task per message: a round of 1,000 jobs' pushes
         # spent a third of the loop's time making tasks and taking a semaphore.
-        shares = [messages[i::BATCH_CONCURRENCY] for i in range(min(BATCH_CONCURRENCY, len(messages)))]
+        # A job's messages stay in one share, in their order (a large batch is several pushes).
+        shares = [[] for _ in range(min(BATCH_CONCURRENCY, len(messages)))]
+        for job_id, message in messages:
+            shares[job_id % len(shares)].append((job_id, message))
         failed = sum(await asyncio.gather(*(send(share) for share in shares)))
         if failed:
             log.warning("could not notify viewers of %d of %d jobs", failed, len(messages))

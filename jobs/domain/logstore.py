@@ -10,6 +10,8 @@ instances and INSERT parameters, and COPY stores the same rows in about a third 
 way the rows, the row lock, the offset check and the announcement after commit are the same.
 """
 import io
+import re
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -17,7 +19,7 @@ from django.utils import timezone
 from runners.output import extract_metrics, parse_rank_failure
 
 from jobs.domain import logwire
-from jobs.domain.live import lines_message, publish
+from jobs.domain.live import lines_message, publish_many_later
 from jobs.models import Job, LogLine, MetricPoint
 
 # PostgreSQL text cannot hold NUL; a program that prints one must not stop its job's log.
@@ -28,8 +30,14 @@ def _clean(text):
     return text.replace(_NUL, _NUL_STANDIN) if _NUL in text else text
 
 
+_COPY_SPECIAL = re.compile("[\\\\\t\n\r\x00]")
+
+
 def _copy_text(text):
-    """A value in COPY's text format (str.replace chains beat str.translate here by 8x)."""
+    """A value in COPY's text format (one scan for the common text that needs no escape; then
+    str.replace chains, which beat str.translate here by 8x)."""
+    if _COPY_SPECIAL.search(text) is None:
+        return text
     return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
             .replace(_NUL, _NUL_STANDIN))
 
@@ -72,53 +80,100 @@ def takes(job, start, follower):
         follower and job["follower"] and job["follower"] != follower)
 
 
-def rows_of(job_id, job, lines, now):
-    """(log rows, metric points, job fields changed) of `lines` stored after `job` (its
-    HELD_FIELDS); the rows carry the job id first, as COPY takes them."""
-    seq = job["next_seq"]
-    changed = {}
-    rows, points = [], []
-    for line in lines:
-        ts = timezone.make_aware(line.ts) if line.ts and timezone.is_naive(line.ts) else (line.ts or now)
-        rows.append((job_id, seq, line.rank, line.stream, ts, line.text))
-        for metric in extract_metrics(line.text):
-            step = metric.step if metric.step is not None else seq
-            points.append((job_id, line.rank, seq, step, metric.name, metric.value, ts))
+class Prepared(NamedTuple):
+    """A batch of one job's lines made ready to store from seq `first_seq` on: its log rows (the
+    job id first, as COPY takes them), metric points, the first rank failure the launcher
+    reported in it, and on PostgreSQL the COPY text of both. A follower prepares its batch
+    while the writer stores the one before it (jobs.domain.logbatch)."""
+
+    first_seq: int
+    rows: list
+    points: list
+    failure: tuple | None
+    copy_lines: str | None
+    copy_points: str | None
+
+    def changes(self, job):
+        """The job's fields (HELD_FIELDS, read under its row lock) once this batch is stored."""
+        changed = {"next_seq": self.first_seq + len(self.rows)}
         # An elastic job's ranks end on every shrink (Horovod stops them: "Process 3 exit with
         # status code 134"); that is no failure, so only a fixed job's first rank exit is kept.
-        if line.rank is None and job["failed_rank"] is None and not job["max_gpus"] and not changed:
-            failure = parse_rank_failure(line.text)
-            if failure:
-                changed["failed_rank"], changed["exit_code"] = failure
+        if self.failure and job["failed_rank"] is None and not job["max_gpus"]:
+            changed["failed_rank"], changed["exit_code"] = self.failure
+        return changed
+
+
+def prepare(job_id, lines, first_seq, now, copy=None):
+    """The Prepared batch of `lines` (runners.output.Line) from seq `first_seq` on; lines without
+    a time of their own get `now`. `copy`: make the COPY text (default: on PostgreSQL)."""
+    rows, points, failure = [], [], None
+    seq = first_seq
+    for line in lines:
+        ts = line.ts
+        if ts is None:
+            ts = now
+        elif timezone.is_naive(ts):
+            ts = timezone.make_aware(ts)
+        text = _clean(line.text)           # one clean text for the database and the viewers
+        rows.append((job_id, seq, line.rank, line.stream, ts, text))
+        for metric in extract_metrics(text):
+            step = metric.step if metric.step is not None else seq
+            points.append((job_id, line.rank, seq, step, _clean(metric.name), metric.value, ts))
+        if line.rank is None and failure is None:
+            failure = parse_rank_failure(text)
         seq += 1
-    changed["next_seq"] = seq
-    return rows, points, changed
+    if copy is None:
+        copy = connection.vendor == "postgresql"
+    return Prepared(first_seq, rows, points, failure, *(copy_texts(rows, points, now) if copy else (None, None)))
+
+
+def rows_of(job_id, job, lines, now):
+    """(log rows, metric points, job fields changed) of `lines` stored after `job` (its
+    HELD_FIELDS)."""
+    made = prepare(job_id, lines, job["next_seq"], now, copy=False)
+    return made.rows, made.points, made.changes(job)
 
 
 def announce_after_commit(job_id, rows, points):
     if rows:
-        transaction.on_commit(lambda: _announce(job_id, rows, points), robust=True)
+        transaction.on_commit(lambda: publish_many_later(lambda: announcements(job_id, rows, points)), robust=True)
 
 
-def _announce(job_id, rows, points):
-    publish(*announcement(job_id, rows, points))
+# A push's lines, about (their text): a large batch goes out as several pushes, each small enough
+# to carry its lines. One push for a 1 MiB chunk was too large to travel, so every viewer read
+# the whole chunk back from the database (BENCHMARKS.md, ingest).
+PUSH_TEXT_BYTES = 256 << 10
+_LINE_OVERHEAD = 100                    # a line's JSON beside its text: seq, rank, stream, time
 
 
-def announcement(job_id, rows, points):
-    """(job id, message) telling the job's viewers about stored rows, with the lines themselves
-    (encoded once here)."""
-    rows = [(seq, rank, stream, ts, _clean(text)) for _, seq, rank, stream, ts, text in rows]
-    points = [(seq, _clean(name), rank, step, value, ts) for _, rank, seq, step, name, value, ts in points]
-    return job_id, lines_message(rows[-1][0], rows[0][0] - 1, logwire.lines_message(rows),
+def announcements(job_id, rows, points):
+    """[(job id, message)] telling the job's viewers about stored rows, with the lines themselves
+    (encoded once here), in pushes of about PUSH_TEXT_BYTES each, in seq order."""
+    messages, start, size, taken = [], 0, 0, 0
+    for end, row in enumerate(rows):
+        size += len(row[5]) + _LINE_OVERHEAD
+        if size >= PUSH_TEXT_BYTES or end == len(rows) - 1:
+            last, first_point = row[1], taken
+            while taken < len(points) and points[taken][2] <= last:     # points are in seq order
+                taken += 1
+            messages.append(_push(job_id, rows[start:end + 1], points[first_point:taken]))
+            start, size = end + 1, 0
+    return messages
+
+
+def _push(job_id, rows, points):
+    lines = [row[1:] for row in rows]           # (seq, rank, stream, ts, text), clean (rows_of)
+    points = [(seq, name, rank, step, value, ts) for _, rank, seq, step, name, value, ts in points]
+    return job_id, lines_message(rows[-1][1], rows[0][1] - 1, logwire.lines_message(lines),
                                  logwire.metrics_message(points))
 
 
 def _create_rows(rows, points):
     LogLine.objects.bulk_create(
-        [LogLine(job_id=job_id, seq=seq, rank=rank, stream=stream, ts=ts, text=_clean(text))
+        [LogLine(job_id=job_id, seq=seq, rank=rank, stream=stream, ts=ts, text=text)
          for job_id, seq, rank, stream, ts, text in rows], batch_size=2000)
     MetricPoint.objects.bulk_create(
-        [MetricPoint(job_id=job_id, rank=rank, seq=seq, step=step, name=_clean(name), value=value, ts=ts)
+        [MetricPoint(job_id=job_id, rank=rank, seq=seq, step=step, name=name, value=value, ts=ts)
          for job_id, rank, seq, step, name, value, ts in points], batch_size=2000)
 
 
@@ -133,27 +188,34 @@ def _copy(cursor, model, columns, text):
                        size=1 << 20)
 
 
-def copy_rows(rows, points, now):
-    """COPY the rows of rows_of (of one job or many; text format: tab separated, \\N for NULL,
-    backslash escapes)."""
+def copy_texts(rows, points, now):
+    """The COPY text (tab separated, \\N for NULL, backslash escapes) of rows and points as
+    prepare() makes them, of one job or many."""
     default_ts = now.isoformat()
+    null = "\\N"
+    lines_text = "".join([
+        f"{job_id}\t{seq}\t{null if rank is None else rank}\t{stream}\t"
+        f"{default_ts if ts is now else ts.isoformat()}\t{_copy_text(text)}\n"
+        for job_id, seq, rank, stream, ts, text in rows])
+    points_text = "".join([
+        f"{job_id}\t{null if rank is None else rank}\t{seq}\t{step}\t{_copy_text(name)}\t"
+        f"{value!r}\t{default_ts if ts is now else ts.isoformat()}\n"
+        for job_id, rank, seq, step, name, value, ts in points])
+    return lines_text, points_text
 
-    def ts_text(ts):
-        return default_ts if ts is now else ts.isoformat()
 
-    def rank_text(rank):
-        return "\\N" if rank is None else str(rank)
+def copy_rows(rows, points, now):
+    copy(*copy_texts(rows, points, now))
 
+
+def copy(lines_text, points_text):
+    """COPY log rows and metric points in copy_texts()'s text."""
     with connection.cursor() as cursor:
-        if rows:
-            _copy(cursor, LogLine, _columns(LogLine, "job", "seq", "rank", "stream", "ts", "text"), "".join(
-                f"{job_id}\t{seq}\t{rank_text(rank)}\t{stream}\t{ts_text(ts)}\t{_copy_text(text)}\n"
-                for job_id, seq, rank, stream, ts, text in rows))
-        if points:
+        if lines_text:
+            _copy(cursor, LogLine, _columns(LogLine, "job", "seq", "rank", "stream", "ts", "text"), lines_text)
+        if points_text:
             _copy(cursor, MetricPoint, _columns(MetricPoint, "job", "rank", "seq", "step", "name", "value", "ts"),
-                  "".join(f"{job_id}\t{rank_text(rank)}\t{seq}\t{step}\t{_copy_text(name)}\t"
-                          f"{value!r}\t{ts_text(ts)}\n"
-                          for job_id, rank, seq, step, name, value, ts in points))
+                  points_text)
 
 
 def last_lines(job, rank=None, count=5):

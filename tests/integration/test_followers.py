@@ -518,3 +518,71 @@ def test_a_rank_that_hangs_past_the_time_limit_is_named(api):
     assert job.state == State.FAILED
     assert re.fullmatch(r"time limit of 1 minute exceeded; rank 1 printed nothing for the last 3\d s "
                         r"\(its last line: 'rank 1 waits for data that never comes'\)", job.reason), job.reason
+
+def test_a_large_batch_reaches_viewers_as_pushes_that_carry_its_lines(make_user, image):
+    """A batch far larger than one push may carry (a 64-rank job's 3 MB at once) goes out as
+    several pushes, in seq order, each with its lines: a viewer at the place forwards them all,
+    and none has to read the batch back from the database."""
+    import asyncio
+
+    from channels.layers import get_channel_layer
+    from django.db import connection
+
+    from jobs.domain import dbpool, live, logbatch
+
+    job = Job.objects.create(owner=make_user("alice"), image=image, gpus=64, script_path="t.py",
+                             time_limit_minutes=5, state=State.RUNNING, follower="host:1:big",
+                             follower_heartbeat=timezone.now())
+    chunk = b"".join(b"[%d]<stdout>:step %d of a long run, loss 0.%06d and a little more text to carry\n"
+                     % (i % 64, i, i) for i in range(30_000))
+    pushes, subscribed = [], threading.Event()
+
+    async def listen():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(live.group_name(job.pk), channel)
+        subscribed.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not (pushes and pushes[-1]["last_seq"] == 29_999) and loop.time() < deadline:
+            pushes.append(await asyncio.wait_for(layer.receive(channel), deadline - loop.time()))
+
+    listener = threading.Thread(target=lambda: asyncio.run(listen()))
+    listener.start()
+    try:
+        assert subscribed.wait(10)
+        splitter = OutputSplitter()
+        lines = splitter.feed(chunk)
+        assert logbatch.submit(job.pk, lines, 0, len(chunk), splitter.state(), follower="host:1:big",
+                               first_seq=0).result()
+        listener.join(60)
+    finally:
+        dbpool.pool().close_all()
+        connection.close()
+    assert len(chunk) > 2 * live.MAX_PUSH_BYTES and len(pushes) > 2
+    assert all("lines" in push and len(push["lines"]) <= live.MAX_PUSH_BYTES for push in pushes)
+    assert [push["after"] for push in pushes] == [-1] + [push["last_seq"] for push in pushes[:-1]]
+    seqs = [line["seq"] for push in pushes for line in json.loads(push["lines"])["lines"]]
+    assert seqs == list(range(30_000))
+
+
+def test_a_batch_handed_in_for_another_seq_is_refused(make_user, image):
+    """A follower counts where its job's seq stands to prepare its batch; a batch prepared for
+    another place (a count gone wrong) is refused and stores nothing, as one from another byte
+    offset is; one for the right place is stored from there."""
+    from django.db import connection
+
+    from jobs.domain import dbpool, logbatch
+
+    job = running_job(make_user, image, follower="host:1:me")
+    lines, state = lines_of(CHUNK)
+    try:
+        assert logbatch.submit(job.pk, lines, 0, len(CHUNK), state, follower="host:1:me", first_seq=5).result() is False
+        assert LogLine.objects.filter(job=job).count() == 0
+        assert logbatch.submit(job.pk, lines, 0, len(CHUNK), state, follower="host:1:me", first_seq=0).result()
+    finally:
+        dbpool.pool().close_all()
+        connection.close()
+    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
+    job.refresh_from_db()
+    assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
