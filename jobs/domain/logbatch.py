@@ -73,7 +73,7 @@ class GroupWriter:
         # commits (on a 64-rank job's output, preparing in the writer kept the database waiting
         # for a quarter of each round). Other batches are prepared by the writer.
         made = None
-        if first_seq is not None and connection.vendor == "postgresql":
+        if first_seq is not None and logstore.on_postgresql():
             made = logstore.prepare(job_id, lines, first_seq, timezone.now())
         batch = Pending(job_id, lines, start, end, splitter_state, follower, cursor, made)
         with self._ready:

@@ -13,7 +13,7 @@ import io
 import re
 from typing import NamedTuple
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from runners.output import extract_metrics, parse_rank_failure
@@ -123,8 +123,14 @@ def prepare(job_id, lines, first_seq, now, copy=None):
             failure = parse_rank_failure(text)
         seq += 1
     if copy is None:
-        copy = connection.vendor == "postgresql"
+        copy = on_postgresql()
     return Prepared(first_seq, rows, points, failure, *(copy_texts(rows, points, now) if copy else (None, None)))
+
+
+def on_postgresql():
+    """Whether output goes to PostgreSQL (COPY), asked without making the calling thread a
+    connection of its own (a follower thread borrows one only to store: jobs.domain.dbpool)."""
+    return connections.settings[DEFAULT_DB_ALIAS]["ENGINE"] == "django.db.backends.postgresql"
 
 
 def rows_of(job_id, job, lines, now):
