@@ -94,7 +94,7 @@ def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
 
 BATCH_CONCURRENCY = 32
 
-_later = None            # (pid, queue) of this process's announcer thread
+_later = None            # (thread, queue) of this process's announcer
 _later_lock = threading.Lock()
 
 
@@ -107,12 +107,15 @@ def publish_many_later(make_messages):
     that overtakes them (a state change) is safe: the consumer sends what is stored first."""
     global _later
     with _later_lock:
-        if _later is None or _later[0] != os.getpid():
+        # First use in this process, again after a fork, and again if it ever ended (what it
+        # had not sent is lost; viewers resync from the database).
+        if _later is None or not _later[0].is_alive():
             waiting = queue.SimpleQueue()
-            threading.Thread(target=_announce_forever, args=(waiting,), name="ringmaster-announcer",
-                             daemon=True).start()
-            _later = (os.getpid(), waiting)
-    _later[1].put(make_messages)
+            thread = threading.Thread(target=_announce_forever, args=(waiting,), name="ringmaster-announcer",
+                                      daemon=True)
+            thread.start()
+            _later = (thread, waiting)
+        _later[1].put(make_messages)
 
 
 def _announce_forever(waiting):

@@ -22,7 +22,6 @@ one writer anyway), a batch is stored alone with append_output.
 """
 import json
 import logging
-import os
 import threading
 
 from django.db import OperationalError, connection, transaction
@@ -65,7 +64,7 @@ class GroupWriter:
     def __init__(self):
         self._ready = threading.Condition()
         self._waiting = []
-        self._pid = None
+        self._thread = None
 
     def submit(self, job_id, lines, start, end, splitter_state, follower=None, cursor=None, first_seq=None):
         # A follower that knows where its job's seq stands prepares its batch here, in its own
@@ -77,20 +76,32 @@ class GroupWriter:
             made = logstore.prepare(job_id, lines, first_seq, timezone.now())
         batch = Pending(job_id, lines, start, end, splitter_state, follower, cursor, made)
         with self._ready:
-            if self._pid != os.getpid():            # first use in this process (again after a fork)
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="follow-writer", daemon=True).start()
+            # First use in this process, again after a fork (the parent's thread does not run
+            # here), and again if it ever ended.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="follow-writer", daemon=True)
+                self._thread.start()
             self._waiting.append(batch)
             self._ready.notify()
         return batch
 
     def _run(self):
-        while True:
+        try:
+            while True:
+                with self._ready:
+                    while not self._waiting:
+                        self._ready.wait()
+                    taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
+                self._round(taken)
+        finally:
+            # Ended (only a BaseException ends it; its round was answered): the batches still
+            # waiting are answered too, so that no follower waits for ever. The next batch
+            # handed in starts a new writer.
             with self._ready:
-                while not self._waiting:
-                    self._ready.wait()
-                taken, self._waiting = self._waiting[:MAX_ROUND], self._waiting[MAX_ROUND:]
-            self._round(taken)
+                left, self._waiting, self._thread = self._waiting, [], None
+            for batch in left:
+                batch.error = RuntimeError("the worker's output writer stopped")
+                batch.done.set()
 
     def _round(self, taken):
         try:

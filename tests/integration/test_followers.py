@@ -586,3 +586,40 @@ def test_a_batch_handed_in_for_another_seq_is_refused(make_user, image):
     assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
     job.refresh_from_db()
     assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")     # the writer's end
+def test_batches_handed_in_after_the_writer_ended_are_stored_by_a_new_one(make_user, image):
+    """The worker's writer thread ends only on a BaseException (an interpreter shutting down,
+    an interrupt). The batch of that round gets the error, and a batch handed in afterwards is
+    stored by a new writer: no follower waits for an answer that never comes."""
+    from django.db import connection
+
+    from jobs.domain import dbpool, logbatch
+
+    class Interrupted(BaseException):
+        pass
+
+    job = running_job(make_user, image, follower="host:1:me")
+    lines, state = lines_of(CHUNK)
+    real_store = logbatch._store
+
+    def interrupted_store(batches):
+        logbatch._store = real_store                 # once
+        raise Interrupted()
+
+    logbatch._store = interrupted_store
+    try:
+        first = logbatch.submit(job.pk, lines, 0, len(CHUNK), state, follower="host:1:me", first_seq=0)
+        assert first.done.wait(30)
+        with pytest.raises(Interrupted):
+            first.result()
+        wait_for(lambda: not logbatch._writer._thread, timeout=10, message="the writer to end")
+        second = logbatch.submit(job.pk, lines, 0, len(CHUNK), state, follower="host:1:me", first_seq=0)
+        assert second.done.wait(30), "a batch handed in after the writer ended was never answered"
+        assert second.result()
+    finally:
+        logbatch._store = real_store
+        dbpool.pool().close_all()
+        connection.close()
+    assert LogLine.objects.filter(job=job).count() == 100
