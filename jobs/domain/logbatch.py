@@ -157,7 +157,9 @@ def _store(batches):
             job = held.get(batch.job_id)
             if not logstore.takes(job, batch.start, batch.follower):
                 continue
-            made = batch.made or logstore.prepare(batch.job_id, batch.lines, job["next_seq"], now, copy=True)
+            made = batch.made
+            if made is None:                # handed in without a seq: prepared here, under the lock
+                made = logstore.prepare(batch.job_id, batch.lines, job["next_seq"], now, copy_text=True)
             if made.first_seq != job["next_seq"]:
                 # Not where the job's seq stands (its follower counts what it hands in, and only
                 # the job's holder stores): left out as a batch from the wrong offset is.

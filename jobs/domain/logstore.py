@@ -103,9 +103,9 @@ class Prepared(NamedTuple):
         return changed
 
 
-def prepare(job_id, lines, first_seq, now, copy=None):
+def prepare(job_id, lines, first_seq, now, copy_text=None):
     """The Prepared batch of `lines` (runners.output.Line) from seq `first_seq` on; lines without
-    a time of their own get `now`. `copy`: make the COPY text (default: on PostgreSQL)."""
+    a time of their own get `now`. `copy_text`: make the COPY text (default: on PostgreSQL)."""
     rows, points, failure = [], [], None
     seq = first_seq
     for line in lines:
@@ -122,9 +122,10 @@ def prepare(job_id, lines, first_seq, now, copy=None):
         if line.rank is None and failure is None:
             failure = parse_rank_failure(text)
         seq += 1
-    if copy is None:
-        copy = on_postgresql()
-    return Prepared(first_seq, rows, points, failure, *(copy_texts(rows, points, now) if copy else (None, None)))
+    if copy_text is None:
+        copy_text = on_postgresql()
+    texts = copy_texts(rows, points, now) if copy_text else (None, None)
+    return Prepared(first_seq, rows, points, failure, *texts)
 
 
 def on_postgresql():
@@ -136,7 +137,7 @@ def on_postgresql():
 def rows_of(job_id, job, lines, now):
     """(log rows, metric points, job fields changed) of `lines` stored after `job` (its
     HELD_FIELDS)."""
-    made = prepare(job_id, lines, job["next_seq"], now, copy=False)
+    made = prepare(job_id, lines, job["next_seq"], now, copy_text=False)
     return made.rows, made.points, made.changes(job)
 
 
