@@ -227,6 +227,9 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
+# Threads of a worker process's follow hub that run what followed jobs' news asks (storing lines,
+# recording states, a cancel): however many jobs the process follows (jobs.domain.followhub).
+RINGMASTER_FOLLOW_THREADS = int(os.environ.get("RINGMASTER_FOLLOW_THREADS", "16"))
 # The database connections a worker process's followers share, however many jobs it follows.
 RINGMASTER_FOLLOWER_DB_CONNECTIONS = int(os.environ.get("RINGMASTER_FOLLOWER_DB_CONNECTIONS", "8"))
 # A job stuck in LAUNCHING this long fails.

@@ -6,6 +6,9 @@ finally Exited. Everything a runner does is idempotent and keyed by the job id, 
 that is retried, or a follower that re-attaches after a crash, never starts a job twice.
 """
 import json
+import selectors
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -150,9 +153,48 @@ class Status:
     reason: str
 
 
+class Bell:
+    """What wakes a waiting follow when another thread has news for it (a watch saw its pods
+    change, a log stream read its lines): ring() from any thread; the follower's driver listens.
+    A ring before anyone listens is kept until the next listen()."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rung = False
+        self._listener = None
+
+    def ring(self):
+        with self._lock:
+            listener, self._listener = self._listener, None
+            self._rung = listener is None
+        if listener is not None:
+            listener()
+
+    def listen(self, callback):
+        """Call `callback` (once, from the ringing thread) at the next ring, or now if it rang
+        since the last listen."""
+        with self._lock:
+            rung, self._rung = self._rung, False
+            self._listener = None if rung else callback
+        if rung:
+            callback()
+
+    def forget(self):
+        """Stop listening (the follow woke for another reason); a ring meanwhile is kept."""
+        with self._lock:
+            self._listener = None
+
+
 @dataclass(frozen=True)
 class Waiting:
-    """Nothing new yet: lets the follower check for cancel, time limit and heartbeat."""
+    """Nothing new yet: lets the follower check for cancel, time limit and heartbeat, and tells
+    it what to wait on before it asks the runner's follow for more. A follow never blocks while it
+    waits for output (one worker thread drives many follows): it yields Waiting, and is resumed
+    once `fd` is readable, `bell` rings, or `seconds` have passed, whichever comes first (or
+    sooner: a follow looks again and yields Waiting again if there is still nothing)."""
+    seconds: float = 1.0
+    fd: int | None = None
+    bell: Bell | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +202,35 @@ class Exited:
     code: int | None      # None: the launcher vanished without reporting an exit code
     detail: str = ""
     cause: str = ""       # what the backend saw that explains a failure (an OOMKilled or evicted pod)
+
+
+def waited(events):
+    """A follow's events for a caller that has a thread to spend on it (a test, a command): each
+    Waiting is yielded, then waited out here (its fd, bell or time) before the follow goes on."""
+    for event in events:
+        yield event
+        if isinstance(event, Waiting):
+            wait_out(event)
+
+
+def wait_out(waiting):
+    """Block until `waiting` is over: its fd readable, its bell rung or its time passed."""
+    rung = threading.Event()
+    if waiting.bell is not None:
+        waiting.bell.listen(rung.set)
+    try:
+        if waiting.fd is None:
+            rung.wait(waiting.seconds)
+            return
+        deadline = time.monotonic() + waiting.seconds
+        with selectors.DefaultSelector() as selector:
+            selector.register(waiting.fd, selectors.EVENT_READ)
+            while not rung.is_set() and not selector.select(min(0.05, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    return
+    finally:
+        if waiting.bell is not None:
+            waiting.bell.forget()
 
 
 class Runner(ABC):
@@ -175,7 +246,8 @@ class Runner(ABC):
     def follow(self, spec: JobSpec, offset: int,
                cursor: dict | None = None) -> Iterator[Output | Running | Status | Waiting | Exited]:
         """Yield the launcher's output from byte `offset` on, then Exited. `cursor` is the last
-        Output's cursor that was stored, for runners that use one. A caller that stops early
+        Output's cursor that was stored, for runners that use one. It never blocks waiting for
+        output: it yields Waiting (what to wake it on) and looks again when resumed. A caller that stops early
         (it lost its claim on the job) closes the generator: a runner frees what it holds
         (connections, threads) in `finally`."""
 

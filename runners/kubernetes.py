@@ -12,9 +12,9 @@
   read after the old one.
 - cancel: delete the MPIJob (foreground, so its pods go first) and the ConfigMap.
 """
+import collections
 import json
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -23,11 +23,13 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import kubeinformer, kubestatus, mpijob
-from .base import Output, Runner, Started, Waiting
+from . import kubeinformer, kubelogs, kubestatus, mpijob
+from .base import Bell, Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
 _TRANSIENT = kubeinformer.TRANSIENT
+RETRIED_STATUSES = (429, 500, 502, 503, 504)
+REOPEN_SECONDS = 0.2            # a cut log stream is opened again after this
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class KubernetesError(Exception):
 
 def _transient(exc):
     if isinstance(exc, ApiException):
-        return exc.status in (429, 500, 502, 503, 504) or exc.status == 0
+        return exc.status in RETRIED_STATUSES or exc.status == 0
     return isinstance(exc, _TRANSIENT)
 
 
@@ -225,31 +227,30 @@ class KubernetesRunner(Runner):
         try:
             yield from follower.run()
         finally:
-            follower.stop.set()
+            follower.logs.close()
 
 
 class _Follow:
     """One follow of one MPIJob: what the cluster says of it comes from the informer of its
     namespace (kubeinformer, shared by every follow of this process there), its launcher's log
-    from a reader thread; both report to `events`, and run() (the caller's thread) decides what
-    the job's state is."""
+    from a stream on kubelogs' loop (_LauncherLogs); both ring the follow's bell, and run() (the
+    follower's steps) decides what the job's state is."""
 
     def __init__(self, runner, spec, offset, cursor):
         self.runner, self.spec, self.offset = runner, spec, offset
         self.timings = runner.timings
-        self.cursor = cursor
-        self.events = queue.Queue()
-        self.stop = threading.Event()
-        self.ended = threading.Event()       # the MPIJob finished or is gone: read the logs out
-        self.pods_changed = threading.Event()
+        self.bell = Bell()
+        self.changed = threading.Event()     # the informer saw the MPIJob, its pods or events change
+        self.ended = False                   # the MPIJob finished or is gone: read the logs out
         self.mpijob = None
         self.deleted = False
         self.view = None
+        self.logs = _LauncherLogs(self, cursor)
 
     def _changed(self):
         """Called by the informer's threads when the job's MPIJob, pods or events changed."""
-        self.events.put(("changed", None))
-        self.pods_changed.set()
+        self.changed.set()
+        self.bell.ring()
 
     def run(self):
         self.view = kubeinformer.subscribe(self.runner.connection, self.runner.api_client, self.runner.namespace,
@@ -272,136 +273,150 @@ class _Follow:
             self.deleted = self.mpijob is None
 
     def _run(self):
-        reader = threading.Thread(target=self._guard, args=(self._read_logs,), daemon=True, name="k8s-read-logs")
-        reader.start()
-        observation, next_poll = kubestatus.Observation(), 0.0
-        kind, payload = "changed", None           # look at once
+        observation, next_poll, next_tick = kubestatus.Observation(), 0.0, 0.0
+        self.changed.set()                    # look at once
         while True:
-            if kind == "log":
-                data, cursor = payload
+            now = time.monotonic()
+            printed = False
+            for data, cursor in self.logs.take(now):
                 start = self.offset
                 self.offset += len(data)
+                printed = True
                 yield Output(data, start, cursor)
-                if time.monotonic() < next_poll:
-                    kind, payload = self._next()
-                    continue
-                kind = "tick"             # a launcher that prints all the time still gets its pods looked at
-            if kind == "error":
-                raise payload
             now = time.monotonic()
-            polled = kind == "changed" or now >= next_poll
-            if polled:
-                next_poll = now + self.timings.poll_seconds
-                self._look()
-                if self.deleted:
-                    self.ended.set()
-            pods = self.view.pods()
-            events = self.view.events() if polled and not observation.running_told else ()
-            decision = kubestatus.observe(
-                observation,
-                kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
-                                drained=kind == "drained", now=now, min_gpus=self.spec.min_gpus),
-                self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
-            observation = decision.observation
-            if observation.ended_at is not None:
-                self.ended.set()                  # the log reader reads what is left, then says "drained"
-                self.pods_changed.set()
-            if decision.delete:
-                self.runner.delete(self.spec)
-            for pod in decision.replace:
-                self.runner.replace_worker(self.spec, pod)
-            yield from decision.tell
-            if decision.done:
-                return
-            yield Waiting()
-            kind, payload = self._next()
+            changed = self.changed.is_set()
+            if changed:                       # what changed meanwhile is in the informer already
+                self.changed.clear()
+            # A launcher that prints all the time still gets its pods looked at now and then.
+            if changed or now >= next_tick or (self.logs.drained and not printed):
+                next_tick = now + min(1.0, self.timings.poll_seconds)
+                polled = changed or now >= next_poll
+                if polled:
+                    next_poll = now + self.timings.poll_seconds
+                    self._look()
+                    if self.deleted:
+                        self.ended = True
+                pods = self.view.pods()
+                events = self.view.events() if polled and not observation.running_told else ()
+                decision = kubestatus.observe(
+                    observation,
+                    kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
+                                    drained=self.logs.drained, now=now, min_gpus=self.spec.min_gpus),
+                    self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
+                observation = decision.observation
+                if observation.ended_at is not None:
+                    self.ended = True         # the logs are read to their end, then drained
+                if decision.delete:
+                    self.runner.delete(self.spec)
+                for pod in decision.replace:
+                    self.runner.replace_worker(self.spec, pod)
+                yield from decision.tell
+                if decision.done:
+                    return
+            if self.logs.has_news() or (self.ended and not self.logs.drained and self.logs.idle()):
+                continue                       # more has come, or the next launcher's log is due
+            yield Waiting(seconds=max(0.0, min(next_tick, self.logs.due()) - time.monotonic()), bell=self.bell)
 
-    def _next(self):
-        try:
-            return self.events.get(timeout=1)
-        except queue.Empty:
-            return "tick", None
 
-    def _guard(self, body):
-        try:
-            body()
-        except Exception as exc:   # reaches the follower, which fails or re-attaches
-            if not self.stop.is_set():
-                log.exception("job %s: %s stopped", self.spec.job_id, body.__name__)
-                self.events.put(("error", exc))
+class _LauncherLogs:
+    """Each launcher pod's log to its end, oldest pod first, resuming at the cursor: one stream
+    at a time, read on kubelogs' loop, which queues what arrives and rings the follow's bell;
+    take() (the follow's steps) turns it into the launcher's output and opens the next stream."""
 
-    # --- the launcher's log ------------------------------------------------------------
+    def __init__(self, follow, cursor):
+        self.follow, self.cursor = follow, cursor
+        self.arrived = collections.deque()    # ("data", bytes) and ("end", exception or None), from the loop
+        self.stream = self.reader = None
+        self.open_at = 0.0                    # no stream before this (a refused or cut one: not at once)
+        self.drained = False                  # every launcher's log was read to its end, and the job ended
 
-    def _read_logs(self):
-        """Read each launcher pod's log to its end, oldest pod first, resuming at the cursor."""
+    def _arrive(self, kind, value):
+        self.arrived.append((kind, value))
+        self.follow.bell.ring()
+
+    def has_news(self):
+        return bool(self.arrived)
+
+    def idle(self):
+        return self.stream is None and time.monotonic() >= self.open_at
+
+    def due(self):
+        """When take() should be called again without a ring: a stream to open then."""
+        return self.open_at if self.stream is None and not self.drained else float("inf")
+
+    def take(self, now):
+        """[(output bytes, cursor json)] for what arrived (what arrived together: one piece, up to
+        a stream's end); opens the next stream where one is due."""
+        taken, data = [], bytearray()
+        while self.arrived:
+            kind, value = self.arrived.popleft()
+            if kind == "data":
+                data += self.reader.feed(value)
+                continue
+            if data:
+                taken.append((bytes(data), self.cursor.to_json()))
+                data.clear()
+            self.stream = None
+            taken += self._ended(value, now)
+        if data:
+            taken.append((bytes(data), self.cursor.to_json()))
+        if self.stream is None and not self.drained and now >= self.open_at:
+            self._open(now)
+        return taken
+
+    def _open(self, now):
         cursor = self.cursor
-        while not self.stop.is_set():
-            if not cursor.pod:
-                self.pods_changed.clear()
-                fresh = [p for p in kubestatus.launcher_pods(self.view.pods()) if p["metadata"]["name"] not in cursor.done]
-                if not fresh:
-                    if self.ended.is_set():
-                        self.events.put(("drained", None))
-                        return
-                    self.pods_changed.wait(self.timings.poll_seconds)
-                    continue
-                cursor.start(fresh[0]["metadata"]["name"])
-            state = self._read_pod_log(cursor)
-            if state == "done":
-                cursor.finish()
-                self.events.put(("log", (b"", cursor.to_json())))
-            elif state == "waiting":
-                self.stop.wait(self.timings.poll_seconds)
+        if not cursor.pod:
+            done = cursor.done
+            fresh = [p for p in kubestatus.launcher_pods(self.follow.view.pods()) if p["metadata"]["name"] not in done]
+            if not fresh:
+                self.drained = self.follow.ended
+                return                         # the informer rings when a launcher pod appears
+            cursor.start(fresh[0]["metadata"]["name"])
+        runner, timings = self.follow.runner, self.follow.timings
+        self.reader = kubestatus.LogReader(cursor)
+        self.stream = kubelogs.open_stream(
+            runner.api_client, runner.namespace, cursor.pod, mpijob.LAUNCHER, cursor.since_seconds(time.time()),
+            (timings.request_seconds, timings.log_idle_seconds),
+            on_data=lambda data: self._arrive("data", data), on_end=lambda error: self._arrive("end", error))
 
-    def _read_pod_log(self, cursor):
-        """Stream one pod's log from the cursor. Returns "done" (the pod finished and its log
-        was read to the end, or the pod is gone), "waiting" (not started yet) or "again"."""
-        reader = kubestatus.LogReader(cursor)
-        since = cursor.since_seconds(time.time())
-        try:
-            response = self.runner.core.read_namespaced_pod_log(
-                cursor.pod, self.runner.namespace, container=mpijob.LAUNCHER, follow=True, timestamps=True,
-                _preload_content=False, _request_timeout=(self.timings.request_seconds, self.timings.log_idle_seconds),
-                **({"since_seconds": since} if since else {}))
-        except ApiException as exc:
-            if exc.status == 404:
-                return "done"
-            if exc.status == 400:           # the container is not running yet
-                return "waiting"
-            if _transient(exc):
-                return "waiting"
-            raise
-        except _TRANSIENT:
-            return "waiting"
-        clean = False
-        try:
-            for chunk in response.stream(64 * 1024, decode_content=False):
-                data = reader.feed(chunk)
-                if data:
-                    self.events.put(("log", (data, cursor.to_json())))
-                if self.stop.is_set():
-                    return "again"
-            clean = True
-        except _TRANSIENT as exc:             # cut, or silent for too long: resume at the cursor
-            log.info("job %s: launcher log of %s interrupted (%s), resuming", self.spec.job_id, cursor.pod, exc)
-        finally:
-            response.release_conn()
+    def _ended(self, error, now):
+        """The stream of the cursor's pod ended (`error`: None where it ended cleanly)."""
+        cursor = self.cursor
+        if isinstance(error, kubelogs.LogStreamError):
+            if error.status == 404:
+                return self._pod_done()
+            if error.status == 400 or error.status in RETRIED_STATUSES:   # not started yet, or busy
+                self.open_at = now + self.follow.timings.poll_seconds
+                return []
+            raise KubernetesError(f"cannot read the launcher's log of {cursor.pod}: {error}")
+        if error is not None:                 # cut, or silent for too long: resume at the cursor
+            log.info("job %s: launcher log of %s interrupted (%s), resuming", self.follow.spec.job_id, cursor.pod,
+                     error or type(error).__name__)
+            self.open_at = now + REOPEN_SECONDS
         pod = self._pod(cursor.pod)
         if pod is None:
-            return "done"
-        if clean and kubestatus.is_finished(pod):
-            data = reader.finish()
-            if data:
-                self.events.put(("log", (data, cursor.to_json())))
-            return "done"
-        return "again"
+            return self._pod_done()
+        if error is None and kubestatus.is_finished(pod):
+            data = self.reader.finish()
+            return ([(data, cursor.to_json())] if data else []) + self._pod_done()
+        return []
+
+    def _pod_done(self):
+        self.cursor.finish()
+        return [(b"", self.cursor.to_json())]
+
+    def close(self):
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream = None
 
     def _pod(self, name):
+        runner = self.follow.runner
         try:
-            pod = self.runner.core.read_namespaced_pod(name, self.runner.namespace,
-                                                      _request_timeout=self.timings.request_seconds)
+            pod = runner.core.read_namespaced_pod(name, runner.namespace, _request_timeout=runner.timings.request_seconds)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return self.runner.api_client.sanitize_for_serialization(pod)
+        return runner.api_client.sanitize_for_serialization(pod)

@@ -164,8 +164,7 @@ class LocalRunner(Runner):
             if not (directory / "pid").exists():
                 yield Exited(None, "the job was never started on this machine")
                 return
-            yield Waiting()
-            time.sleep(self.poll_interval)
+            yield Waiting(seconds=self.poll_interval)
         with open(log_path, "rb") as log, WriteWatch(directory, self.poll_interval) as watch:
             log.seek(offset)
             while True:
@@ -176,8 +175,8 @@ class LocalRunner(Runner):
                     continue
                 code = self._exit_code(directory)
                 if code is None and self._launcher_alive(directory):
-                    yield Waiting()
-                    watch.wait(self.idle_wake)
+                    yield watch.waiting(self.idle_wake)
+                    watch.drain()
                     continue
                 # Ended: the exit code is written after the last output, so one more read drains.
                 code = self._exit_code(directory)
@@ -237,10 +236,11 @@ class LocalRunner(Runner):
 
 
 class WriteWatch:
-    """Wait until a file in a job's folder is written or renamed into it (output.log grows, the
-    exit code appears), or a timeout passes: inotify on the folder, set up before the first read
-    so no write between a read and the wait is missed. Where inotify cannot be had (the user's
-    max_user_instances used up), waits `fallback` seconds at a time, as polling did."""
+    """What to wait on until a file in a job's folder is written or renamed into it (output.log
+    grows, the exit code appears), or a timeout passes: inotify on the folder, set up before the
+    first read so no write between a read and the wait is missed (its descriptor stays readable
+    until drained). Where inotify cannot be had (the user's max_user_instances used up), waits
+    `fallback` seconds at a time, as polling did."""
 
     MASK = inotify_flags.MODIFY | inotify_flags.MOVED_TO | inotify_flags.CLOSE_WRITE
 
@@ -256,11 +256,16 @@ class WriteWatch:
         except OSError:
             self.close()
 
-    def wait(self, timeout):
+    def waiting(self, timeout):
+        """The Waiting of a follow until the folder is written, or `timeout` passes."""
         if self.inotify is None:
-            time.sleep(min(self.fallback, timeout))
-        else:
-            self.inotify.read(timeout=max(1, round(timeout * 1000)))   # every event so far, or none
+            return Waiting(seconds=min(self.fallback, timeout))
+        return Waiting(seconds=timeout, fd=self.inotify.fileno())
+
+    def drain(self):
+        """Forget the writes seen so far (read after this: a later write wakes the next wait)."""
+        if self.inotify is not None:
+            self.inotify.read(timeout=0)
 
     def close(self):
         if self.inotify is not None:

@@ -358,11 +358,17 @@ def check(host, timeout=10.0):
         raise InstanceError(f"{host.where()}: {exc}") from None
 
 
-class SftpOutput:
-    """Reads a job's output.log over SFTP (one open file, read where the follower is)."""
+class PolledOutput:
+    """A reader the caller polls: read again a poll interval after a read that found nothing."""
 
-    waits = False                    # the caller sleeps between reads that found nothing
     status_every = POLLED_STATUS_SECONDS
+
+    def waiting(self, seconds):
+        return Waiting(seconds=seconds)
+
+
+class SftpOutput(PolledOutput):
+    """Reads a job's output.log over SFTP (one open file, read where the follower is)."""
 
     def __init__(self, client, directory, timeout):
         self.sftp = client.open_sftp()
@@ -384,11 +390,8 @@ class SftpOutput:
                 pass
 
 
-class ExecOutput:
+class ExecOutput(PolledOutput):
     """Reads output.log over exec (tail | head), for an sshd without an SFTP subsystem."""
-
-    waits = False                    # the caller sleeps between reads that found nothing
-    status_every = POLLED_STATUS_SECONDS
 
     def __init__(self, client, directory, timeout):
         self.client, self.directory, self.timeout = client, directory, timeout
@@ -417,10 +420,13 @@ class StreamOutput:
         self.channel, self.at, self.reopen_at, self.ended = None, None, 0.0, False
         self._polling, self.polling = polling, None
 
-    @property
-    def waits(self):
-        """read() itself waits (up to `wait` seconds) for output: the caller need not sleep."""
-        return self.polling is None
+    def waiting(self, seconds):
+        """Until the stream has more (its channel's descriptor is readable), or `seconds`."""
+        if self.polling is not None:
+            return self.polling.waiting(min(seconds, self.wait))
+        if self.channel is None:
+            return Waiting(seconds=min(seconds, self.wait))
+        return Waiting(seconds=seconds, fd=self.channel.fileno())
 
     @property
     def status_every(self):
@@ -432,15 +438,15 @@ class StreamOutput:
         return 0.0 if self.ended else STREAMED_STATUS_SECONDS
 
     def read(self, offset, size, final=False):
-        """Up to `size` bytes from `offset`, b"" if none came within `wait` seconds (`final`: the
-        launcher has ended, wait for the stream's end) or the stream ended (it reopens on the next
-        read); FileNotFoundError while there is no output.log."""
+        """Up to `size` bytes from `offset`, b"" if none has come (`final`: the launcher has
+        ended, wait for the stream's end) or the stream ended (it reopens on the next read);
+        FileNotFoundError while there is no output.log. Only a final read waits."""
         if self.polling is not None:
             return self.polling.read(offset, size)
         if self.channel is None or self.at != offset:
             self._open(offset)
         try:
-            self.channel.settimeout(self.timeout if final else self.wait)
+            self.channel.settimeout(self.timeout if final else 0.0)
             data = self.channel.recv(size)
         except socket.timeout:
             if final:
@@ -674,8 +680,7 @@ class SSHRunner(Runner):
                         if out.strip() in ("missing", "gone"):
                             yield Exited(None, f"the job was never started on {host.name}")
                             return
-                        yield Waiting()
-                        time.sleep(self.poll_interval)
+                        yield Waiting(seconds=self.poll_interval)
                         continue
                     trouble_since = None
                     if said_trouble:
@@ -687,15 +692,13 @@ class SSHRunner(Runner):
                         continue
                     now = time.monotonic()
                     if now - last_status < reader.status_every:
-                        yield Waiting()
-                        reader.waits or time.sleep(self.poll_interval)
+                        yield reader.waiting(max(self.poll_interval, last_status + reader.status_every - now))
                         continue
                     last_status = now
                     code, out, _ = execute(client, sh(STATUS, directory))
                     status = out.strip()
                     if status == "alive":
-                        yield Waiting()
-                        reader.waits or time.sleep(self.poll_interval)
+                        yield reader.waiting(max(self.poll_interval, reader.status_every))
                         continue
                     # Ended: the exit code is written after the last output, so drain once more.
                     rest = reader.read(offset, READ_CHUNK, final=True)
@@ -727,8 +730,7 @@ class SSHRunner(Runner):
                         yield Status(f"cannot read the job's output on {host.name} since "
                                      f"{now - trouble_since:.0f} s ({exc or type(exc).__name__}); retrying, "
                                      f"and failing the job after {self.lost_after:.0f} s")
-                    yield Waiting()
-                    time.sleep(min(2.0, self.poll_interval * 10))
+                    yield Waiting(seconds=min(2.0, self.poll_interval * 10))
         finally:
             for closable in (reader, client):
                 try:

@@ -332,12 +332,12 @@ def admit_from_threads(count=8, join_timeout=60):
 
 def run_to_end(runner, spec):
     """Launch a job with a runner and follow it to its end: (lines, the Exited event)."""
-    from runners.base import Exited, Output
+    from runners.base import Exited, Output, waited
     from runners.output import OutputSplitter
 
     runner.launch(spec)
     splitter, lines, exited = OutputSplitter(), [], None
-    for event in runner.follow(spec, 0):
+    for event in waited(runner.follow(spec, 0)):
         if isinstance(event, Output):
             lines.extend(splitter.feed(event.data))
         elif isinstance(event, Exited):

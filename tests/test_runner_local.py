@@ -3,7 +3,7 @@ import json
 import sys
 import time
 
-from runners.base import JobSpec, Output
+from runners.base import JobSpec, Output, waited
 from runners.local import LocalRunner
 from tests.conftest import run_to_end, wait_for
 
@@ -54,7 +54,7 @@ def test_follow_resumes_from_an_offset_without_repeating(tmp_path):
     lines, _ = run_to_end(runner, spec)
     whole = (runner.job_dir(spec) / "output.log").read_bytes()
     cut = whole.index(b"[0]<stdout>:25\n")
-    resumed = b"".join(e.data for e in runner.follow(spec, cut) if isinstance(e, Output))
+    resumed = b"".join(e.data for e in waited(runner.follow(spec, cut)) if isinstance(e, Output))
     assert whole[:cut] + resumed == whole
 
 
@@ -78,9 +78,12 @@ def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
 
 
 def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_ends(tmp_path):
-    """inotify, not a timer: with a 5 s idle wake-up, a quiet second costs a Waiting or two (the
-    20 ms poll it replaced: 50), yet a printed line and the end arrive well within a second."""
-    from runners.base import Exited, Waiting
+    """inotify, not a timer: while the job is quiet the follow waits on inotify's descriptor (5 s
+    at most, not the 20 ms poll it replaced), which stays quiet for a quiet second, yet a printed
+    line and the end arrive well within a second."""
+    from dataclasses import replace
+
+    from runners.base import Exited, Waiting, wait_out
 
     spec = JobSpec(job_id=424250, gpus=1, python=sys.executable, script_name="s.py", script_path=None,
                    script_content="import os, time\nprint('up', flush=True)\n"
@@ -90,23 +93,26 @@ def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_en
     try:
         events = runner.follow(spec, 0)
         seen = b""
-        while b"up" not in seen:                       # horovodrun and the rank are up
-            event = next(events)
+        for event in waited(events):                   # horovodrun and the rank are up
             seen += event.data if isinstance(event, Output) else b""
-        quiet_until, waits = time.monotonic() + 1.0, 0
-        while time.monotonic() < quiet_until:
-            event = next(events)
-            assert not isinstance(event, (Output, Exited)), event
-            waits += isinstance(event, Waiting)
-        assert waits <= 2
+            if b"up" in seen:
+                break
+        waiting = next(events)
+        assert isinstance(waiting, Waiting) and waiting.fd is not None and waiting.seconds == 5, waiting
+        quiet = time.monotonic()
+        wait_out(replace(waiting, seconds=1.0))
+        assert time.monotonic() - quiet >= 0.95, "the follow was woken while the job printed nothing"
         (runner.job_dir(spec) / "go").touch()
         touched = time.monotonic()
-        while b"went" not in seen:
-            event = next(events)
+        wait_out(waiting)
+        for event in waited(events):
             seen += event.data if isinstance(event, Output) else b""
+            if b"went" in seen:
+                break
         assert time.monotonic() - touched < 1.0
-        while not isinstance(event, Exited):
-            event = next(events)
+        for event in waited(events):
+            if isinstance(event, Exited):
+                break
         assert event.code == 0 and time.monotonic() - touched < 2.0
     finally:
         runner.cancel(spec)                        # a failed check leaves no rank waiting for 'go'

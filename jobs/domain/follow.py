@@ -4,16 +4,17 @@ A follower claims a job (Job.follower, refreshed by a heartbeat). If its worker 
 goes stale and reconcile() starts a new follower, which re-attaches where the stored output ends
 (runners are idempotent, the log store is a compare-and-set), so nothing is lost or repeated.
 
-The run_job task launches; the follow runs in a thread of the worker process, not of the task
-pool, so jobs being followed never keep a launch (or a cancel) waiting for a free pool thread.
-That thread holds no database connection of its own: it borrows one of the few its worker's
-followers share (dbpool) for what each event of its job asks, so the number of jobs a worker
-follows is not bounded by PostgreSQL's max_connections.
+The run_job task launches; the follow runs in the worker process's follow hub (followhub: one
+event loop waits for every followed job, a few threads run what a job's news asks), not in the
+task pool, so jobs being followed never keep a launch (or a cancel) waiting for a free pool
+thread, and a followed job costs no thread of its own. A follow holds no database connection of
+its own either: it borrows one of the few its worker's followers share (dbpool) for what each
+event of its job asks, so the number of jobs a worker follows is bounded by neither its threads
+nor PostgreSQL's max_connections.
 """
 import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -25,6 +26,7 @@ from django.utils import timezone
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
 from jobs.domain import dbpool, elastic, failure, heartbeat, logbatch, states, telemetry
+from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
@@ -97,10 +99,11 @@ def run(job_id):
 
 
 def start(job_id):
-    """Launch the job if it is LAUNCHING, then follow it to its end in a thread of its own: the
-    caller (a worker's task) is free again once the launch is done, so a launch never waits for
-    a worker thread that follows a running job. Returns that thread; None when there is nothing
-    to follow (the job ended, or another follower holds it)."""
+    """Launch the job if it is LAUNCHING, then hand it to the process's follow hub, which
+    follows it to its end: the caller (a worker's task) is free again once the launch is done,
+    so a launch never waits for a job being followed. Returns the hub's Following (join() waits
+    for the end); None when there is nothing to follow (the job ended, or another follower
+    holds it)."""
     me = follower_id()
     if not claim(job_id, me):
         log.info("job %s: not active or followed elsewhere", job_id)
@@ -113,16 +116,14 @@ def start(job_id):
     if launched is None:
         release(job_id, me)
         return None
-    following = threading.Thread(target=_follow_to_end, args=(job_id, me, *launched), daemon=True,
-                                 name=f"follow-job-{job_id}")
-    following.start()
-    return following
+    return hub.follow(f"job {job_id}", _follow_to_end(job_id, me, *launched))
 
 
 def _follow_to_end(job_id, me, runner, spec):
+    """The job's follow, as steps for the hub: each yields the runner's Waiting."""
     log.info("job %s: following", job_id)
     try:
-        _follow(job_id, me, runner, spec)
+        yield from _follow(job_id, me, runner, spec)
     except Exception:
         # The claim is released: the next reconcile hands the job to a new follower.
         log.exception("job %s: its follower failed", job_id)
@@ -205,7 +206,7 @@ def _follow(job_id, me, runner, spec):
             spec = replace(spec, gpus=_apply_size(job_id))
     splitter = OutputSplitter(state=job.output_state or None)
     with telemetry.Sampler(job_id, runner.system_probe(spec)):
-        lost = _follow_events(job_id, me, runner, spec, job, splitter)
+        lost = yield from _follow_events(job_id, me, runner, spec, job, splitter)
     if lost:
         log.warning("job %s: another follower took over; this one stops", job_id)
 
@@ -214,7 +215,7 @@ def _follow_events(job_id, me, runner, spec, job, splitter):
     """Store the runner's events until the job ends (False) or another follower took it (True)."""
     heartbeat.follow(job_id, me)
     try:
-        return _store_events(job_id, me, runner, spec, job, splitter)
+        return (yield from _store_events(job_id, me, runner, spec, job, splitter))
     finally:
         heartbeat.forget(job_id)
 
@@ -277,40 +278,52 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                             next_size_check = now + HOST_CHECK_SECONDS
             # What the worker's heartbeat last read of the job (a query only when there is work).
             reading = heartbeat.reading(job_id)
-            if reading is None or reading.at <= beat_seen:
-                continue
-            beat_seen = reading.at
-            if not reading.held:
-                return True
-            if stop_reason is not None:
-                continue
-            if spec.elastic:
-                if now >= next_host_check:
-                    next_host_check = now + HOST_CHECK_SECONDS
-                    with dbpool.borrowed():
-                        try:
-                            current = Job.objects.get(pk=job_id)
-                            backends.of(current).watch_hosts(current)
-                        except Exception:                # never the end of the job's follower
-                            log.exception("job %s: looking at its hosts failed", job_id)
-                if not settled and reading.started_at and reading.started_at <= elastic.settled_since():
-                    settled = True
-                    with dbpool.borrowed():
-                        taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
-            if reading.cancel_requested:
-                stop_reason = "cancel"
-                runner.cancel(spec)
-            elif reading.started_at and (timezone.now() - reading.started_at
-                                         > timedelta(minutes=reading.time_limit_minutes)):
-                with dbpool.borrowed():
-                    stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
-                runner.cancel(spec)
+            if reading is not None and reading.at > beat_seen:
+                beat_seen = reading.at
+                if not reading.held:
+                    return True
+                if stop_reason is None:
+                    stop_reason, settled, next_host_check = _look_at_reading(
+                        job_id, runner, spec, reading, now, settled, next_host_check)
+            if isinstance(event, Waiting):
+                # Nothing new: the hub resumes this follow when the runner's wait is over, or
+                # when the next beat (or the elastic job's size) may say something.
+                longest = SIZE_CHECK_SECONDS if spec.elastic else heartbeat.HEARTBEAT_SECONDS
+                yield event if event.seconds <= longest else replace(event, seconds=longest)
         return False
     finally:
         # The claim is given up only once the last batch is stored or refused: a follower that
         # takes the job over then starts where the stored output really ends.
         if pending is not None:
             pending.done.wait()
+
+
+def _look_at_reading(job_id, runner, spec, reading, now, settled, next_host_check):
+    """Act on a new beat's reading of a job that is not being stopped: an elastic job's hosts
+    and first settling, a cancel, the time limit. Returns (stop_reason, settled, next_host_check)."""
+    stop_reason = None
+    if spec.elastic:
+        if now >= next_host_check:
+            next_host_check = now + HOST_CHECK_SECONDS
+            with dbpool.borrowed():
+                try:
+                    current = Job.objects.get(pk=job_id)
+                    backends.of(current).watch_hosts(current)
+                except Exception:                # never the end of the job's follower
+                    log.exception("job %s: looking at its hosts failed", job_id)
+        if not settled and reading.started_at and reading.started_at <= elastic.settled_since():
+            settled = True
+            with dbpool.borrowed():
+                taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
+    if reading.cancel_requested:
+        stop_reason = "cancel"
+        runner.cancel(spec)
+    elif reading.started_at and (timezone.now() - reading.started_at
+                                 > timedelta(minutes=reading.time_limit_minutes)):
+        with dbpool.borrowed():
+            stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
+        runner.cancel(spec)
+    return stop_reason, settled, next_host_check
 
 
 def finish(job_id, exited, stop_reason=None):

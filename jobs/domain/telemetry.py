@@ -1,11 +1,11 @@
 """System metrics of running jobs: sampled by the follower, stored, pushed, summarised.
 
-While a follower follows a job, a Sampler thread asks the runner's probe (its hosts' GPUs, or
+While a follower follows a job, a Sampler (a follow of the process's follow hub, so no thread
+of its own) asks the runner's probe (its hosts' GPUs, or
 its processes' CPU and memory) every RINGMASTER_TELEMETRY_SECONDS, stores the samples
 (SystemSample) and then tells live viewers. Trouble sampling never touches the job.
 """
 import logging
-import threading
 from datetime import timedelta
 
 from django.conf import settings
@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from jobs import backends
 from jobs.domain import dbpool, live
+from jobs.domain.followhub import hub
+from runners.base import Bell, Waiting
 from jobs.models import SystemSample
 
 log = logging.getLogger(__name__)
@@ -67,24 +69,23 @@ def summary(job):
 
 
 class Sampler:
-    """Samples a job's hosts in a thread of the follower, until stopped."""
+    """Samples a job's hosts while the follower is in it (the hub drives it), until stopped. A
+    sample being taken when it stops is its last; the probe is closed then."""
 
     def __init__(self, job_id, probe, interval=None):
         self.job_id, self.probe = job_id, probe
         self.interval = settings.RINGMASTER_TELEMETRY_SECONDS if interval is None else interval
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"telemetry-{job_id}", daemon=True)
+        self.stopped, self.stop_bell = False, Bell()
         self.failures = 0
 
     def __enter__(self):
         if self.probe is not None and self.interval > 0:
-            self.thread.start()
+            hub.follow(f"job {self.job_id}'s telemetry", self._run())
         return self
 
     def __exit__(self, *exc):
-        self.stopped.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=30)
+        self.stopped = True
+        self.stop_bell.ring()
         return False
 
     def _delays(self):
@@ -98,7 +99,8 @@ class Sampler:
     def _run(self):
         try:
             for delay in self._delays():
-                if self.stopped.wait(delay):
+                yield Waiting(seconds=delay, bell=self.stop_bell)
+                if self.stopped:
                     break
                 self.sample_once()
         finally:
@@ -112,7 +114,7 @@ class Sampler:
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 log.warning("job %s: system sample failed (%d times): %s", self.job_id, self.failures, exc)
             return []
-        if not samples or self.stopped.is_set():
+        if not samples or self.stopped:
             return []
         with dbpool.borrowed():             # not while the probe waits on a host
             rows = store(self.job_id, samples)

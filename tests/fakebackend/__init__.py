@@ -10,7 +10,6 @@ env sets HOLD_ENV keeps running (no exit code) until it is cancelled, so a test 
 backend's capacity or a quota with it.
 """
 import os
-import time
 from pathlib import Path
 
 from django.conf import settings
@@ -64,8 +63,7 @@ class FakeRunner(Runner):
                     yield Exited(code, f"the fake job exited with code {code}")
                     return
                 else:
-                    yield Waiting()
-                    time.sleep(self.poll_interval)
+                    yield Waiting(seconds=self.poll_interval)
 
     def cancel(self, spec):
         directory = self.job_dir(spec)

@@ -13,6 +13,7 @@ from django.db import connection
 
 from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
 from runners import ssh as ssh_runner
+from runners.base import waited
 from tests import sshd
 import psutil
 
@@ -377,7 +378,7 @@ def test_a_follower_that_cannot_reach_the_host_says_so_and_then_gives_up(sshds, 
     spec = JobSpec(job_id=990001, gpus=1, python="python", script_name="slow.py",
                    script_content="import time\nprint('started', flush=True)\ntime.sleep(600)\n", script_path=None)
     runner.launch(spec)
-    events = runner.follow(spec, 0)
+    events = waited(runner.follow(spec, 0))
     try:
         seen = b""
         for event in events:
@@ -433,7 +434,7 @@ def test_a_line_reaches_the_follower_as_it_is_written_not_at_the_next_poll(sshds
     spec = script_spec(990002, "import time\nfor i in range(7):\n    print(f'tick {time.time():.6f}', flush=True)\n"
                                "    time.sleep(1)\ntime.sleep(600)\n")
     runner.launch(spec)
-    events = runner.follow(spec, 0)
+    events = waited(runner.follow(spec, 0))
     try:
         seen, lags = b"", []
         for event in events:
@@ -473,7 +474,7 @@ def test_a_host_whose_tail_cannot_follow_a_process_is_read_by_polling(sshds, tmp
     try:
         runner.launch(spec)
         seen, ended = b"", None
-        for event in runner.follow(spec, 0):
+        for event in waited(runner.follow(spec, 0)):
             if isinstance(event, Output):
                 assert event.offset == len(seen)
                 seen += event.data
@@ -483,7 +484,7 @@ def test_a_host_whose_tail_cannot_follow_a_process_is_read_by_polling(sshds, tmp
         assert tried.exists(), "the follower did not try to stream first"
         assert re.findall(rb"line=(\d+)", seen) == [str(i).encode() for i in range(30)]
         assert ended.code == 1                       # horovodrun's exit code for a failed rank
-        again = b"".join(event.data for event in runner.follow(spec, 100) if isinstance(event, Output))
+        again = b"".join(event.data for event in waited(runner.follow(spec, 100)) if isinstance(event, Output))
         assert again == seen[100:]                   # a new follower resumes at its byte offset
     finally:
         runner.cancel(spec)

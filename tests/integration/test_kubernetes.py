@@ -215,6 +215,30 @@ def test_jobs_followed_at_once_share_one_watch_per_kind_of_their_namespace(http,
         "mpijobs", "pods", "events"}
 
 
+def test_a_worker_follows_thirty_jobs_with_fewer_threads_than_jobs(http, fake, cluster, celery_worker):
+    """Thirty MPIJobs printing and held running, followed by one worker: their launchers' log
+    streams are read on one event loop and their follows are steps of the worker's follow hub,
+    so the worker's threads grow by fewer than one a job (it was two a job: the follow and its
+    log stream's reader, and a thousand jobs on two cores collapsed). Each job still gets its
+    own lines and its own end."""
+    import psutil
+
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold)
+    worker = psutil.Process(celery_worker.process.pid)
+    before = worker.num_threads()
+    jobs = [submit(http, gpus=1) for _ in range(30)]
+    for job_id in jobs:
+        wait_for(lambda: stored_lines(job_id), timeout=120, message=f"job {job_id} to print")
+    assert Job.objects.filter(pk__in=jobs, state=State.RUNNING).count() == len(jobs)
+    grown = worker.num_threads() - before
+    hold.set()
+    for job_id in jobs:
+        assert wait_state(job_id, ENDED).state == State.SUCCEEDED
+        assert texts(job_id) == expected(1)
+    assert grown < len(jobs), f"the worker has {grown} more threads while it follows {len(jobs)} jobs"
+
+
 def test_a_log_stream_cut_mid_line_loses_and_repeats_nothing(http, fake, cluster):
     fake.scenario = Scenario(steps=20)
     fake.faults.cut_log_once_after = 150

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.base import JOB_DIR_MARKER, Exited, JobSpec, Output
+from runners.base import JOB_DIR_MARKER, Exited, JobSpec, Output, waited
 from runners.output import OutputSplitter
 from tests import sshd
 from tests.conftest import processes_marked, wait_for
@@ -287,7 +287,7 @@ def follow(runner, spec, since=None, until=None, timeout=90):
     since = since or Read()
     read = Read(offset=since.offset, cursor=since.cursor)
     deadline = time.monotonic() + timeout
-    for event in runner.follow(spec, since.offset, cursor=since.cursor):
+    for event in waited(runner.follow(spec, since.offset, cursor=since.cursor)):
         if isinstance(event, Output):
             assert event.offset == read.offset, "an Output that does not start where the last one ended"
             read.data += event.data
