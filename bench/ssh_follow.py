@@ -49,14 +49,14 @@ def host(server, key, work_dir):
 
 
 def one_run(runner, job_id, rate, seconds, quiet):
-    from runners.base import Exited, JobSpec, Output
+    from runners.base import Exited, JobSpec, Output, waited
 
     spec = JobSpec(job_id=job_id, gpus=2, python=sys.executable, script_name="ticks.py", script_content=JOB,
                    script_path=None, args=(str(rate), str(seconds), str(quiet)))
     runner.launch(spec)
     lags, pending, quiet_began, quiet_cpu, ended = [], b"", None, None, None
     cpu = time.process_time()
-    for event in runner.follow(spec, 0):
+    for event in waited(runner.follow(spec, 0)):   # what the follow hub does for it
         if isinstance(event, Output):
             now = time.time()
             pending += event.data
