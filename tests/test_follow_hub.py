@@ -115,3 +115,44 @@ def _followed_to_the_end(jobs, followings, before, settings):
     assert not [f.name for f in followings if f.is_alive()]
     assert set(Job.objects.filter(pk__in=jobs).values_list("state", flat=True)) == {State.CANCELLED}
     assert LogLine.objects.filter(job_id__in=jobs).count() == 3 * len(jobs)      # two lines and a metric each
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancels_that_take_long_keep_no_other_job_from_storing_its_lines(make_user, image, settings):
+    """Twenty jobs whose processes take 5 s to go are cancelled at once, more than the hub has
+    step threads: a job printing meanwhile still gets its lines stored within a second (the
+    cancels wait on threads of their own), and the twenty end CANCELLED."""
+    from jobs.domain import dbpool, follow
+    from jobs.models import Job, State
+    from tests.conftest import job_name
+    from tests.fakebackend import HOLD_ENV, SLOW_CANCEL_ENV, fake_root
+
+    settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, FAKE]
+    owner = make_user("alice")
+
+    def job(**env):
+        return Job.objects.create(owner=owner, image=image, gpus=1, script_path="/fake/train.py", backend="fake",
+                                  env={HOLD_ENV: "1", **env}, time_limit_minutes=5, state=State.LAUNCHING).pk
+    slow = [job(**{SLOW_CANCEL_ENV: "5"}) for _ in range(20)]
+    printing = job()
+    followings = [follow.start(job_id) for job_id in [*slow, printing]]
+    try:
+        wait_for(lambda: Job.objects.filter(state=State.RUNNING, next_seq=3).count() == 21,
+                 timeout=60, interval=0.2, message="every job to run and store its lines")
+        assert settings.RINGMASTER_FOLLOW_THREADS < len(slow)
+        Job.objects.filter(pk__in=slow).update(cancel_requested=True)
+        wait_for(lambda: all((fake_root() / job_name(job_id) / "cancelling").exists() for job_id in slow),
+                 timeout=10, interval=0.05, message="the twenty cancels to be under way at once")
+        with open(fake_root() / job_name(printing) / "output.log", "ab") as out:
+            out.write(b"[0]<stdout>:printed while twenty cancels wait\n")
+        printed = time.monotonic()
+        wait_for(lambda: Job.objects.get(pk=printing).next_seq == 4, timeout=10, interval=0.05,
+                 message="the line printed meanwhile to be stored")
+        assert time.monotonic() - printed < 1.0
+        assert Job.objects.filter(pk__in=slow, state=State.CANCELLED).count() < len(slow)   # still under way
+        Job.objects.filter(pk=printing).update(cancel_requested=True)
+        for following in followings:
+            following.join(60)
+        assert set(Job.objects.filter(pk__in=slow).values_list("state", flat=True)) == {State.CANCELLED}
+    finally:
+        dbpool.pool().close_all()

@@ -30,7 +30,7 @@ from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
-from runners.base import Exited, Output, Running, Status, Waiting
+from runners.base import Bell, Exited, Output, Running, Status, Waiting
 from runners.output import OutputSplitter
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,7 @@ def _store_events(job_id, me, runner, spec, job, splitter):
     settled = False
     stop_reason = None
     pending = None          # the batch handed in last, until its answer was looked at
+    stopping = None         # the cancel under way (on the hub's threads for slow calls)
     next_seq = job.next_seq  # where the job's seq stands once what was handed in is stored
     try:
         # Breaking out of the loop closes the runner's generator: that is how a follow stops.
@@ -259,12 +260,16 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                         if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
                                                        splitter.state(), follower=me):
                             return True
-                        if stop_reason or job.cancel_requested:
-                            # The launcher may have gone first (a cancel elsewhere signals it before the
-                            # ranks): the job ends only once every one of its processes has.
-                            runner.cancel(spec)
+                if isinstance(event, Exited):
+                    if stopping is not None:
+                        yield from _waited_for(stopping)
+                    if stop_reason or job.cancel_requested:
+                        # The launcher may have gone first (a cancel elsewhere signals it before the
+                        # ranks): the job ends only once every one of its processes has.
+                        yield from _waited_for(hub.run_slow(runner.cancel, spec))
+                    with dbpool.borrowed():
                         finish(job_id, event, stop_reason)
-                        return False
+                    return False
             if spec.elastic and stop_reason is None and now >= next_size_check:
                 # The scheduler resized the job: Horovod picks it up within a second of this.
                 next_size_check = now + SIZE_CHECK_SECONDS
@@ -284,7 +289,9 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                     return True
                 if stop_reason is None:
                     stop_reason, settled, next_host_check = _look_at_reading(
-                        job_id, runner, spec, reading, now, settled, next_host_check)
+                        job_id, spec, reading, now, settled, next_host_check)
+                    if stop_reason is not None:         # its follow goes on to the launcher's end
+                        stopping = hub.run_slow(runner.cancel, spec)
             if isinstance(event, Waiting):
                 # Nothing new: the hub resumes this follow when the runner's wait is over, or
                 # when the next beat (or the elastic job's size) may say something.
@@ -298,9 +305,19 @@ def _store_events(job_id, me, runner, spec, job, splitter):
             pending.done.wait()
 
 
-def _look_at_reading(job_id, runner, spec, reading, now, settled, next_host_check):
-    """Act on a new beat's reading of a job that is not being stopped: an elastic job's hosts
-    and first settling, a cancel, the time limit. Returns (stop_reason, settled, next_host_check)."""
+def _waited_for(future):
+    """Steps that wait (without a step thread) for `future` to be done; its result."""
+    done = Bell()
+    future.add_done_callback(lambda _: done.ring())
+    while not future.done():
+        yield Waiting(seconds=heartbeat.HEARTBEAT_SECONDS, bell=done)
+    return future.result()
+
+
+def _look_at_reading(job_id, spec, reading, now, settled, next_host_check):
+    """Look at a new beat's reading of a job that is not being stopped: an elastic job's hosts
+    and first settling, a cancel, the time limit. Returns (stop_reason: why the job must be
+    stopped now, or None; settled, next_host_check)."""
     stop_reason = None
     if spec.elastic:
         if now >= next_host_check:
@@ -317,12 +334,10 @@ def _look_at_reading(job_id, runner, spec, reading, now, settled, next_host_chec
                 taskqueue.wake_scheduler()      # it may grow now (or shrink for a queued job)
     if reading.cancel_requested:
         stop_reason = "cancel"
-        runner.cancel(spec)
     elif reading.started_at and (timezone.now() - reading.started_at
                                  > timedelta(minutes=reading.time_limit_minutes)):
         with dbpool.borrowed():
             stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
-        runner.cancel(spec)
     return stop_reason, settled, next_host_check
 
 

@@ -7,9 +7,10 @@ every follow at once (a Waiting's file descriptor, bell and timeout, on asyncio'
 timers) and runs the next step of a follow whose wait is over on one of a few step threads.
 
 So a followed job costs no thread of its own: one worker process follows thousands, and a step
-that blocks (a cancel that waits for the processes to go, a slow database) holds one step
-thread for that time, not the others' follows. A launch never waits for the hub: it runs in the
-worker's task pool, and hands the launched job in.
+that blocks (a slow database, a host that answers late) holds one step thread for that time,
+not the others' follows. What may block for long (a cancel waiting for a job's processes to go)
+runs on a thread of its own (run_slow) while the follow waits for it without a step thread. A
+launch never waits for the hub: it runs in the worker's task pool, and hands the launched job in.
 """
 import asyncio
 import logging
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 log = logging.getLogger(__name__)
+SLOW_THREADS = 64       # cancels under way at once (more wait their turn; no step thread waits)
 
 
 class Following:
@@ -52,6 +54,7 @@ class Hub:
         self._lock = threading.Lock()
         self._loop = self._pool = self._thread = None
         self._pid = None
+        self._slow = self._slow_pid = None
 
     def follow(self, name, steps):
         """Drive the generator `steps` to its end; returns its Following."""
@@ -59,6 +62,15 @@ class Hub:
         loop = self._running_loop()
         loop.call_soon_threadsafe(self._step, following)
         return following
+
+    def run_slow(self, call, *args):
+        """Run a call that may block for long (a cancel waiting for a job's processes to go) on
+        a thread of its own, not a step thread; its concurrent.futures.Future."""
+        with self._lock:
+            if self._slow is None or self._slow_pid != os.getpid():
+                self._slow_pid = os.getpid()
+                self._slow = ThreadPoolExecutor(SLOW_THREADS, thread_name_prefix="follow-slow")
+            return self._slow.submit(call, *args)
 
     def _running_loop(self):
         """The hub's loop, started in this process (again, if its thread ever ended)."""

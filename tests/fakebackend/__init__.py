@@ -10,6 +10,7 @@ env sets HOLD_ENV keeps running (no exit code) until it is cancelled, so a test 
 backend's capacity or a quota with it.
 """
 import os
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -19,6 +20,7 @@ from runners.base import Exited, Output, Runner, Started, Waiting
 
 ROOT_ENV = "RINGMASTER_FAKE_JOBS_DIR"    # where its job folders go (default: <jobs dir>/fake)
 HOLD_ENV = "FAKE_HOLD"                   # in a job's env: run until cancelled
+SLOW_CANCEL_ENV = "FAKE_CANCEL_SECONDS"  # in a job's env: a cancel takes this long (processes slow to go)
 CANCELLED_CODE = 143                     # what a launcher ended by SIGTERM reports
 OUTPUT = (b"[0]<stdout>:hello from rank 0\n"
           b"[1]<stdout>:hello from rank 1\n"
@@ -67,6 +69,10 @@ class FakeRunner(Runner):
 
     def cancel(self, spec):
         directory = self.job_dir(spec)
+        if spec.env.get(SLOW_CANCEL_ENV):             # "cancelling" is there while it waits
+            (directory / "cancelling").touch()
+            time.sleep(float(spec.env[SLOW_CANCEL_ENV]))
+            (directory / "cancelling").unlink(missing_ok=True)
         if (directory / "started").exists() and _exit_code(directory) is None:
             (directory / "cancelled").touch()
             _write_exit_code(directory, CANCELLED_CODE)
