@@ -393,7 +393,7 @@ class _LauncherLogs:
         if error is not None:                 # cut, or silent for too long: resume at the cursor
             log.info("job %s: launcher log of %s interrupted (%s), resuming", self.follow.spec.job_id, cursor.pod,
                      error or type(error).__name__)
-            self.open_at = now + REOPEN_SECONDS
+        self.open_at = now + REOPEN_SECONDS   # a stream that keeps ending is not reopened in a spin
         pod = self._pod(cursor.pod)
         if pod is None:
             return self._pod_done()
