@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class LogStreamError(Exception):
-    """The API server refused the log (status: its HTTP status; 0 where it was never reached)."""
+    """The API server refused the log (status: its HTTP status), or was not reached (status 0)."""
 
     def __init__(self, status, message):
         super().__init__(f"({status}) {message}")
@@ -98,7 +98,8 @@ def open_stream(api_client, namespace, pod, container, since_seconds, timeouts, 
     """Start streaming `pod`'s log (from `since_seconds` ago where given, with timestamps);
     `timeouts` is (connect, idle) in seconds. on_data(bytes) for what arrives, then once
     on_end(None) at its clean end or on_end(exception) where it was cut, went silent for `idle`
-    seconds or was refused (LogStreamError). Both are called on the loop's thread."""
+    seconds, was refused or could not be asked (LogStreamError). Both are called on the loop's
+    thread. Returns a future whose cancel() stops the stream (on_end is not called then)."""
     configuration = api_client.configuration
     url = (f"{configuration.host}/api/v1/namespaces/{quote(namespace, safe='')}/pods/"
            f"{quote(pod, safe='')}/log")
@@ -110,12 +111,17 @@ def open_stream(api_client, namespace, pod, container, since_seconds, timeouts, 
 
     async def stream():
         connect, idle = timeouts
-        key, session = await _loop.session(configuration)
+        key = None
         try:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=idle)
-            async with session.get(url, params=params, headers=headers, timeout=timeout,
-                                   proxy=configuration.proxy or None,
-                                   server_hostname=configuration.tls_server_name or None) as response:
+            try:
+                key, session = await _loop.session(configuration)
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=idle)
+                response = await session.get(url, params=params, headers=headers, timeout=timeout,
+                                             proxy=configuration.proxy or None,
+                                             server_hostname=configuration.tls_server_name or None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                raise LogStreamError(0, f"cannot reach the API server: {str(exc) or type(exc).__name__}") from exc
+            async with response:
                 if response.status != 200:
                     raise LogStreamError(response.status, (await response.text())[:500])
                 async for data in response.content.iter_any():
@@ -127,6 +133,7 @@ def open_stream(api_client, namespace, pod, container, since_seconds, timeouts, 
         else:
             on_end(None)
         finally:
-            await _loop.release(key)
+            if key is not None:
+                await _loop.release(key)
 
     return asyncio.run_coroutine_threadsafe(stream(), loop)

@@ -386,13 +386,13 @@ class _LauncherLogs:
         if isinstance(error, kubelogs.LogStreamError):
             if error.status == 404:
                 return self._pod_done()
-            if error.status == 400 or error.status in RETRIED_STATUSES:   # not started yet, or busy
+            if error.status in (0, 400, *RETRIED_STATUSES):   # unreachable, not started yet, or busy
                 self.open_at = now + self.follow.timings.poll_seconds
                 return []
             raise KubernetesError(f"cannot read the launcher's log of {cursor.pod}: {error}")
         if error is not None:                 # cut, or silent for too long: resume at the cursor
             log.info("job %s: launcher log of %s interrupted (%s), resuming", self.follow.spec.job_id, cursor.pod,
-                     error or type(error).__name__)
+                     str(error) or type(error).__name__)
         self.open_at = now + REOPEN_SECONDS   # a stream that keeps ending is not reopened in a spin
         pod = self._pod(cursor.pod)
         if pod is None:

@@ -504,9 +504,9 @@ class StreamOutput:
 
 
 def open_output(client, directory, timeout, wait=None):
-    """A reader of the job's output.log: a stream that waits up to `wait` seconds per read where
-    `wait` is given; else, and where the host cannot stream, polling reads (SFTP where the server
-    offers it, else exec)."""
+    """A reader of the job's output.log: a stream where `wait` is given (a follow waits on its
+    channel, and polls at most `wait` seconds apart where the host cannot stream); else polling
+    reads (SFTP where the server offers it, else exec)."""
     if wait is not None:
         return StreamOutput(client, directory, timeout, wait, lambda: open_output(client, directory, timeout))
     try:

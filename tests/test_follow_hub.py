@@ -84,7 +84,7 @@ def test_a_process_follows_sixty_running_jobs_with_a_few_threads(make_user, imag
     are cancelled: the process's threads grow by the hub's few, not by one a job, and every job
     stores its lines and ends CANCELLED once its cancel is seen."""
     from jobs.domain import dbpool, follow
-    from jobs.models import Job, LogLine, State
+    from jobs.models import Job, State
     from tests.fakebackend import HOLD_ENV
 
     settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, FAKE]

@@ -1,9 +1,9 @@
 """System metrics of running jobs: sampled by the follower, stored, pushed, summarised.
 
 While a follower follows a job, a Sampler (a follow of the process's follow hub, so no thread
-of its own) asks the runner's probe (its hosts' GPUs, or
-its processes' CPU and memory) every RINGMASTER_TELEMETRY_SECONDS, stores the samples
-(SystemSample) and then tells live viewers. Trouble sampling never touches the job.
+of its own) asks the runner's probe (its hosts' GPUs, or its processes' CPU and memory) every
+RINGMASTER_TELEMETRY_SECONDS, stores the samples (SystemSample) and then tells live viewers.
+Trouble sampling never touches the job.
 """
 import logging
 from datetime import timedelta
@@ -15,8 +15,8 @@ from django.utils import timezone
 from jobs import backends
 from jobs.domain import dbpool, live
 from jobs.domain.followhub import hub
-from runners.base import Bell, Waiting
 from jobs.models import SystemSample
+from runners.base import Bell, Waiting
 
 log = logging.getLogger(__name__)
 IDLE_WINDOW = timedelta(minutes=10)
