@@ -59,3 +59,22 @@ def test_the_metrics_message_is_the_contracts_json_for_any_point(found):
         {"seq": seq, "name": name, "rank": "launcher" if rank is None else rank, "step": step, "value": value,
          "ts": logwire._iso(ts.astimezone(dt_timezone.utc))}
         for seq, name, rank, step, value, ts in numbered]}) if numbered else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(rows, min_size=1, max_size=5), st.lists(points, min_size=1, max_size=5))
+def test_pushes_joined_into_one_frame_read_as_one_message_of_all_their_lines_and_points(batches, found):
+    """A viewer that was busy while several pushes came sends them as one frame: the same lines
+    and points, in order, as one message made from all of them."""
+    numbered, seq = [], 0
+    for batch in batches:
+        numbered.append([(seq + k, rank, stream, ts, text) for k, (rank, stream, ts, text) in enumerate(batch)])
+        seq += len(batch)
+    everything = [row for batch in numbered for row in batch]
+    assert json.loads(logwire.join_lines([logwire.lines_message(b) for b in numbered])) == \
+        json.loads(logwire.lines_message(everything))
+    made = [[(k, *point) for k, point in enumerate(group)] for group in found]
+    joined = logwire.join_metrics([logwire.metrics_message(group) for group in made])
+    all_points = [point for group in made for point in group]
+    assert (json.loads(joined) if joined else None) == (
+        json.loads(logwire.metrics_message(all_points)) if all_points else None)

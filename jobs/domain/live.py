@@ -15,7 +15,6 @@ import logging
 import os
 import queue
 import threading
-import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -84,7 +83,7 @@ def lines_message(last_seq, after=None, lines=None, metrics=None):
     are the ones after seq `after`, where they are small enough to travel."""
     message = {"type": "job.lines", "last_seq": last_seq}
     if lines is not None and len(lines) + len(metrics or "") <= MAX_PUSH_BYTES:
-        message.update(after=after, lines=lines, metrics=metrics, sent=time.time())
+        message.update(after=after, lines=lines, metrics=metrics)
     return message
 
 

@@ -53,3 +53,25 @@ def metrics_message(points):
         parts.append('{"seq": %d, "name": %s, "rank": %s, "step": %d, "value": %s, "ts": %s}' % (
             seq, _string(name), _rank_json(rank), step, float.__repr__(float(value)), iso))
     return '{"type": "metrics", "points": [' + ", ".join(parts) + "]}"
+
+
+_LINES_HEAD = '{"type": "lines", "lines": ['
+_METRICS_HEAD = '{"type": "metrics", "points": ['
+
+
+def join_lines(messages):
+    """One lines message with the lines of `messages` (lines_message texts, in seq order), made
+    by splicing the texts: what a viewer sends for several pushes at once."""
+    return _join(_LINES_HEAD, messages)
+
+
+def join_metrics(messages):
+    """One metrics message with the points of `messages` (metrics_message texts or None), or None."""
+    return _join(_METRICS_HEAD, [message for message in messages if message])
+
+
+def _join(head, messages):
+    if len(messages) <= 1:
+        return messages[0] if messages else None
+    bodies = [message[len(head):-2] for message in messages]
+    return head + ", ".join(body for body in bodies if body) + "]}"

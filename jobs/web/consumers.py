@@ -2,15 +2,18 @@
 
 Owner or staff only; anyone else is refused at the handshake, before any data. The consumer
 replays stored lines after `since`, then sends what is stored later, in seq order, tracking the
-last seq it sent. A push carries the lines just stored (encoded once, by the follower) and the
-seq before them: a viewer exactly there forwards those bytes; any other reads from the database
-what it lacks, so a lost or late push can delay a line but never lose or repeat one. Without
-Redis (make run's embedded defaults) the worker cannot reach this process, so the consumer also
-polls the database.
+last seq it sent; one task per viewer sends, everything else only wakes it. A push carries the
+lines just stored (encoded once, by the follower) and the seq before them; the job's relay in
+this process (jobs.web.relay) receives it once for all viewers and keeps the recent ones. A
+viewer whose last seq is where pushes follow on sends their bytes, several pushes as one frame
+when it was busy while they came; any other reads from the database what it lacks, so a lost or
+late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
+defaults) the worker cannot reach this process, so the consumer also polls the database.
 """
 import asyncio
+import contextlib
 import json
-import time
+import logging
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -18,17 +21,17 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from jobs.domain.live import group_name
 from jobs.domain import telemetry
 from jobs.domain import logwire
+from jobs.domain.live import MAX_PUSH_BYTES
 from jobs.models import Job, LogLine, MetricPoint, SystemSample
 from jobs.domain.services import visible_jobs
+from jobs.web import relay
+
+log = logging.getLogger(__name__)
 
 BATCH = 1000
-# A push handled this late means the viewer is behind (more pushes wait in its queue): rather
-# than forward each one, it reads everything stored from the database in large batches, which
-# overtakes the pushes queued after this one.
-BEHIND_SECONDS = 0.1
+MAX_FRAME_BYTES = MAX_PUSH_BYTES        # several pushes sent as one frame: up to about this size
 POLL_SECONDS = 1.0
 SHARED_BATCH_SECONDS = 2.0
 
@@ -71,9 +74,13 @@ async def shared_batch(job_id, after):
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
+    # No channel of its own: the job's relay in this process receives for all its viewers.
+    channel_layer_alias = None
+
     async def connect(self):
         user = self.scope.get("user")
         self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        self.relay = self.sender = self.poller = None
         if not user or not user.is_authenticated or not await self._may_see(user):
             await self.close(code=4404)
             return
@@ -82,22 +89,25 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         except ValueError:
             await self.close(code=4400)
             return
-        self.group = group_name(self.job_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.wake = asyncio.Event()
+        self.states, self.others, self.poll_due = [], [], False
+        self.relay = await relay.join(self.job_id, self)     # before the database is read
         await self.accept()
         self.last_state = None
         self.last_sample = await self._last_sample()
         await self._send_state()
-        await self._send_new()
-        self.poller = None
+        self.poll_due = True                # the first round reads what is stored after `since`
+        self.wake.set()
+        self.sender = asyncio.ensure_future(self._send_forever())
         if not settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis"):
             self.poller = asyncio.ensure_future(self._poll())
 
     async def disconnect(self, code):
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        if getattr(self, "poller", None):
-            self.poller.cancel()
+        for task in (self.sender, self.poller):
+            if task is not None:
+                task.cancel()
+        if self.relay is not None:
+            relay.leave(self.relay, self)
 
     async def receive_json(self, content, **kwargs):
         """Clients only listen; anything they send is ignored."""
@@ -106,24 +116,63 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def encode_json(cls, content):
         return json.dumps(content, cls=JSONEncoder)
 
-    # --- group messages (jobs.domain.live) ---------------------------------------------------------
-    async def job_lines(self, event):
-        """New lines up to event["last_seq"] are stored. The push carries them, encoded once by
-        the follower, where they were small enough: a viewer that has everything before them
-        gets those very bytes. Any other viewer reads what it misses from the database; those of
-        a job in this process that have seen the same lines share one query and one encoding."""
-        target = event["last_seq"]
-        if target <= self.last_seq:
-            return                                  # overtaken by a catch-up from the database
-        if event.get("lines") and self.last_seq == event["after"] and time.time() - event["sent"] < BEHIND_SECONDS:
-            await self.send(text_data=event["lines"])
-            if event.get("metrics"):
-                await self.send(text_data=event["metrics"])
-            self.last_seq = target
+    # --- what the job's relay tells (jobs.domain.live's messages); never waits --------------
+    def relayed(self, message):
+        kind = message.get("type")
+        if kind == "job.state":
+            self.states.append((message["state"], message["reason"]))
+        elif kind == "job.system":
+            self.others.append(message)
+        elif kind != "job.lines":
             return
-        while self.last_seq < target:
-            # Everything stored after what this viewer has, not only up to this push: a viewer
-            # that falls behind catches up in larger batches and skips the pushes it overtook.
+        self.wake.set()
+
+    # --- the one task that sends: lines in seq order, then what else has come -----------------
+    async def _send_forever(self):
+        try:
+            while True:
+                await self.wake.wait()
+                self.wake.clear()
+                await self._send_round()
+        except asyncio.CancelledError:
+            raise
+        except Exception:                   # the page reconnects from the last seq it has
+            log.warning("job %s: a viewer's websocket failed", self.job_id, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self.close(code=1011)
+
+    async def _send_round(self):
+        states, self.states = self.states, []
+        others, self.others = self.others, []
+        poll, self.poll_due = self.poll_due, False
+        # Lines stored before a change of state are shown before it, even where their push was
+        # lost (the pub/sub layer keeps nothing for a process that missed it): read the database.
+        await self._send_lines(read_stored=bool(states) or poll)
+        if states:
+            await self._send_state(*states[-1])
+        elif poll:
+            await self._send_state()
+        for message in others:
+            self.last_sample = max([self.last_sample, *(sample["id"] for sample in message["samples"])])
+            await self.send_json({"type": "system", "samples": message["samples"], "hint": message["hint"]})
+        if poll:
+            await self._send_samples()
+
+    async def _send_lines(self, read_stored):
+        """What is stored after this viewer's last seq, in order, once: the relay's recent pushes
+        where they follow on from it (several as one frame), else the database. Without
+        `read_stored`, only as far as the relay has heard."""
+        while True:
+            run = self.relay.run_after(self.last_seq, MAX_FRAME_BYTES)
+            if run:
+                await self.send(text_data=logwire.join_lines([push.lines for push in run]))
+                points = logwire.join_metrics([push.metrics for push in run])
+                if points:
+                    await self.send(text_data=points)
+                self.last_seq = run[-1].last_seq
+                continue
+            if not read_stored and self.relay.last_seq <= self.last_seq:
+                return
             lines_text, points_text, last = await shared_batch(self.job_id, self.last_seq)
             if last is None:
                 return
@@ -132,36 +181,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                 await self.send(text_data=points_text)
             self.last_seq = last
 
-    async def job_state(self, event):
-        # Lines stored before the change are shown before it, even where a push of them was
-        # lost (the pub/sub layer keeps nothing for a process that missed it).
-        await self._send_new()
-        await self._send_state(event["state"], event["reason"])
-
-    async def job_system(self, event):
-        """New system samples (GPU utilization, memory, power; or CPU and memory) of the job."""
-        self.last_sample = max([self.last_sample, *(sample["id"] for sample in event["samples"])])
-        await self.send_json({"type": "system", "samples": event["samples"], "hint": event["hint"]})
-
     # --- helpers ----------------------------------------------------------------------------
     async def _poll(self):
+        """Without Redis no announcement reaches this process: read the database now and then."""
         while True:
             await asyncio.sleep(POLL_SECONDS)
-            await self._send_new()
-            await self._send_state()
-            await self._send_samples()
-
-    async def _send_new(self):
-        while True:
-            lines_text, points_text, last = await self._fetch(self.last_seq)
-            if last is None:
-                return
-            await self.send(text_data=lines_text)
-            if points_text:
-                await self.send(text_data=points_text)
-            before, self.last_seq = self.last_seq, last
-            if last - before < BATCH:
-                return
+            self.poll_due = True
+            self.wake.set()
 
     async def _send_state(self, state=None, reason=None):
         if state is None:
@@ -189,10 +215,6 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def _may_see(self, user):
         return visible_jobs(user).filter(pk=self.job_id).exists()
-
-    @database_sync_to_async
-    def _fetch(self, after):
-        return fetch(self.job_id, after)
 
     @database_sync_to_async
     def _state(self):
