@@ -13,10 +13,10 @@ from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.routing import URLRouter
 from django.db import connections
 
-from jobs.domain import live, logwire, states
-from jobs.models import Job, Script, State
+from jobs.domain import live, logwire
 from jobs.web import relay
 from jobs.web.websocket_routing import websocket_urlpatterns
+from tests.integration.test_websocket import job  # noqa: F401 (a fixture: a RUNNING job of alice's)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,15 +30,6 @@ def layer():
         channel_layers.backends.pop("default", None)        # made again from the settings on next use
     else:
         channel_layers.set("default", before)
-
-
-@pytest.fixture
-def job(alice, image):
-    script = Script.objects.create(owner=alice, name="t.py", sha256="0" * 64, size=1, content="x")
-    job = Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
-    states.transition(job.pk, State.LAUNCHING)
-    states.transition(job.pk, State.RUNNING)
-    return job
 
 
 def push(job, after, texts):
