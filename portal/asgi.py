@@ -21,3 +21,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+from portal.heap import freeze_startup_heap  # noqa: E402
+
+freeze_startup_heap()           # the server's loop stops for no full scan of what start-up made

@@ -13,8 +13,10 @@ app.autodiscover_tasks()
 
 @worker_ready.connect
 def _worker_ready(**kwargs):
+    from portal.heap import freeze_startup_heap
     from portal.readiness import mark_ready
 
+    freeze_startup_heap()       # the worker's follower threads stop for no full scan of Django's objects
     mark_ready("worker")
 
 
