@@ -57,6 +57,15 @@ class Viewer(ApplicationCommunicator):
         assert output["type"] == "websocket.send", output
         return output["text"]
 
+    async def sent_within(self, seconds):
+        """What the consumer sends within `seconds`, or None (receive_output would cancel it)."""
+        try:
+            output = await asyncio.wait_for(self.output_queue.get(), seconds)
+        except TimeoutError:
+            return None
+        assert output["type"] == "websocket.send", output
+        return output["text"]
+
     async def disconnect(self):
         await self.send_input({"type": "websocket.disconnect", "code": 1000})
         await self.wait(5)
@@ -139,3 +148,27 @@ def test_every_viewer_of_a_job_gets_each_push_and_the_receiver_goes_with_the_las
     for frames_ in got:
         assert [line["text"] for frame in frames_ for line in frame["lines"]] == [f"line {k}" for k in range(4)]
     assert not groups.get(f"job-{job.pk}") and not relays
+
+
+def test_a_viewer_shows_the_state_as_stored_whatever_order_the_pushes_came_in(layer, job, alice):
+    """State pushes come from different processes (the worker, the web process of a cancel) and
+    may overtake each other: a late "RUNNING" must not undo the "SUCCEEDED" the job has."""
+    from jobs.models import Job, State
+
+    Job.objects.filter(pk=job.pk).update(state=State.SUCCEEDED, reason="exited with 0")
+    group = live.group_name(job.pk)
+
+    async def scenario():
+        watching = await viewer(job, alice)             # told SUCCEEDED on connecting
+        await layer.group_send(group, {"type": "job.state", "state": State.RUNNING, "reason": ""})
+        await layer.group_send(group, push(job, -1, ["a line"]))
+        shown = [json.loads(await watching.receive_from())]
+        while shown[-1]["type"] != "lines":
+            shown.append(json.loads(await watching.receive_from()))
+        while (text := await watching.sent_within(0.5)) is not None:    # what that round sent after it
+            shown.append(json.loads(text))
+        await watching.disconnect()
+        return shown
+
+    assert [m for m in run(scenario) if m["type"] == "state"] in (
+        [], [{"type": "state", "state": "SUCCEEDED", "reason": "exited with 0"}])

@@ -73,6 +73,25 @@ async def shared_batch(job_id, after):
     return await asyncio.shield(task)       # a viewer that leaves does not cancel the others' batch
 
 
+def read_state(job_id):
+    return tuple(Job.objects.filter(pk=job_id).values_list("state", "reason").get())
+
+
+_read_state = database_sync_to_async(read_state)
+_states = {}  # (job id, state pushes announced) -> the task reading the job's state after them
+
+
+async def shared_state(job_id, pushes):
+    """(state, reason) of the job as stored once `pushes` changes of it were announced: the
+    viewers of a job told of the same change share one read, begun after that announcement."""
+    key = (job_id, pushes)
+    task = _states.get(key)
+    if task is None:
+        task = _states[key] = asyncio.ensure_future(_read_state(job_id))
+        task.add_done_callback(lambda _: _states.pop(key, None))
+    return await asyncio.shield(task)
+
+
 class JobConsumer(AsyncJsonWebsocketConsumer):
     # No channel of its own: the job's relay in this process receives for all its viewers.
     channel_layer_alias = None
@@ -90,7 +109,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4400)
             return
         self.wake = asyncio.Event()
-        self.states, self.others, self.poll_due = [], [], False
+        self.state_due, self.others, self.poll_due = False, [], False
         self.relay = await relay.join(self.job_id, self)     # before the database is read
         await self.accept()
         self.last_state = None
@@ -120,7 +139,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     def relayed(self, message):
         kind = message.get("type")
         if kind == "job.state":
-            self.states.append((message["state"], message["reason"]))
+            self.state_due = True
         elif kind == "job.system":
             self.others.append(message)
         elif kind != "job.lines":
@@ -142,14 +161,16 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                 await self.close(code=1011)
 
     async def _send_round(self):
-        states, self.states = self.states, []
+        state_due, self.state_due = self.state_due, False
         others, self.others = self.others, []
         poll, self.poll_due = self.poll_due, False
         # Lines stored before a change of state are shown before it, even where their push was
         # lost (the pub/sub layer keeps nothing for a process that missed it): read the database.
-        await self._send_lines(read_stored=bool(states) or poll)
-        if states:
-            await self._send_state(*states[-1])
+        await self._send_lines(read_stored=state_due or poll)
+        if state_due:
+            # The state as stored now, not as the push said: pushes sent by different processes
+            # (the worker, the web process of a cancel) may arrive out of order.
+            await self._send_state(*await shared_state(self.job_id, self.relay.state_pushes))
         elif poll:
             await self._send_state()
         for message in others:
@@ -216,9 +237,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     def _may_see(self, user):
         return visible_jobs(user).filter(pk=self.job_id).exists()
 
-    @database_sync_to_async
-    def _state(self):
-        return tuple(Job.objects.filter(pk=self.job_id).values_list("state", "reason").get())
+    async def _state(self):
+        return await _read_state(self.job_id)
 
 
 def _query(scope):

@@ -42,6 +42,7 @@ class Relay:
         self.job_id = job_id
         self.viewers = set()
         self.last_seq = -1
+        self.state_pushes = 0           # how many changes of state were announced so far
         self._by_after = {}
         self._recent = deque()
         self._recent_bytes = 0
@@ -67,7 +68,9 @@ class Relay:
                 await asyncio.shield(self._layer.group_discard(group_name(self.job_id), channel))
 
     def _deliver(self, message):
-        if message.get("type") == "job.lines":
+        if message.get("type") == "job.state":
+            self.state_pushes += 1
+        elif message.get("type") == "job.lines":
             self.last_seq = max(self.last_seq, message["last_seq"])
             if message.get("lines") is not None and message["last_seq"] > message["after"]:
                 self._keep(Push(message))
