@@ -78,16 +78,16 @@ def read_state(job_id):
 
 
 _read_state = database_sync_to_async(read_state)
-_states = {}  # (job id, state pushes announced) -> the task reading the job's state after them
+_states = {}  # (job's relay, state pushes it heard) -> the task reading the job's state after them
 
 
-async def shared_state(job_id, pushes):
-    """(state, reason) of the job as stored once `pushes` changes of it were announced: the
-    viewers of a job told of the same change share one read, begun after that announcement."""
-    key = (job_id, pushes)
+async def shared_state(job_relay):
+    """(state, reason) of the relay's job as stored after the last change of it the relay heard
+    of: the job's viewers told of the same change share one read, begun after it was heard."""
+    key = (job_relay, job_relay.state_pushes)
     task = _states.get(key)
     if task is None:
-        task = _states[key] = asyncio.ensure_future(_read_state(job_id))
+        task = _states[key] = asyncio.ensure_future(_read_state(job_relay.job_id))
         task.add_done_callback(lambda _: _states.pop(key, None))
     return await asyncio.shield(task)
 
@@ -170,7 +170,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if state_due:
             # The state as stored now, not as the push said: pushes sent by different processes
             # (the worker, the web process of a cancel) may arrive out of order.
-            await self._send_state(*await shared_state(self.job_id, self.relay.state_pushes))
+            await self._send_state(*await shared_state(self.relay))
         elif poll:
             await self._send_state()
         for message in others:
