@@ -94,12 +94,14 @@ def main():
                 figure = {"complete": complete, "rate": common.median(rates), "min_rate": min(rates),
                           "total_rate": sum(row["lines"] for row in rows) / max(
                               [(r["last_recv"] or start) - start for r in results] + [1e-9]),
-                          "frames": common.median([row["frames"] for row in rows]), "p50": p50, "p99": common.median(p99s), "worst_p99": max(p99s) if p99s else None,
+                          "frames": common.median([row["frames"] for row in rows]),
+                          "p50": p50, "p99": common.median(p99s), "worst_p99": max(p99s) if p99s else None,
                           "dups": sum(row["dups"] for row in rows), "missing": sum(row["missing"] for row in rows)}
                 figures[count].append(figure)
                 print(f"round {round_ + 1}, {count:>3} viewer(s): stored {stored:,}/{total:,}; {complete}/{count} "
                       f"got every line; per viewer {figure['rate']:,.0f} lines/s (min {figure['min_rate']:,.0f}), "
-                      f"all viewers {figure['total_rate']:,.0f} lines/s in {figure['frames']:,.0f} frames each; lag p50 {common.fmt(p50 and p50 * 1000)} ms, "
+                      f"all viewers {figure['total_rate']:,.0f} lines/s in {figure['frames']:,.0f} frames each; "
+                      f"lag p50 {common.fmt(p50 and p50 * 1000)} ms, "
                       f"p99 {common.fmt(figure['p99'] and figure['p99'] * 1000)} ms (worst viewer "
                       f"{common.fmt(figure['worst_p99'] and figure['worst_p99'] * 1000)} ms); dups {figure['dups']}, "
                       f"seq gaps {figure['missing']}" + (f"; errors: {sorted(errors)[:3]}" if errors else ""))

@@ -1,8 +1,8 @@
 """A job's viewers in one web process share one receiver of its announcements (jobs.web.relay):
 pushes reach every viewer, a viewer busy sending gets what came meanwhile as one frame, and the
-receiver goes when the job's last viewer leaves. Channels' own test communicator and in-memory
-layer, so that when each push arrives is up to the test (asgiref's communicator: channels.testing
-imports daphne, which the portal does not use)."""
+receiver goes when the job's last viewer leaves. asgiref's test communicator (channels.testing
+imports daphne, which the portal does not use) and Channels' in-memory layer, so that when each
+push arrives is up to the test."""
 import asyncio
 import json
 

@@ -13,6 +13,10 @@ from json.encoder import encode_basestring_ascii as _string
 
 from django.utils import timezone
 
+# How the two messages begin (join_lines and join_metrics splice texts made by the functions below).
+_LINES_HEAD = '{"type": "lines", "lines": ['
+_METRICS_HEAD = '{"type": "metrics", "points": ['
+
 
 def rank_label(rank):
     return "launcher" if rank is None else rank
@@ -37,7 +41,7 @@ def lines_message(rows):
             last_ts, iso = ts, _string(_iso(ts.astimezone(zone)))
         parts.append('{"seq": %d, "rank": %s, "stream": %s, "ts": %s, "text": %s}' % (
             seq, _rank_json(rank), _string(stream), iso, _string(text)))
-    return '{"type": "lines", "lines": [' + ", ".join(parts) + "]}"
+    return _LINES_HEAD + ", ".join(parts) + "]}"
 
 
 def metrics_message(points):
@@ -52,11 +56,7 @@ def metrics_message(points):
             last_ts, iso = ts, _string(_iso(ts.astimezone(dt_timezone.utc)))
         parts.append('{"seq": %d, "name": %s, "rank": %s, "step": %d, "value": %s, "ts": %s}' % (
             seq, _string(name), _rank_json(rank), step, float.__repr__(float(value)), iso))
-    return '{"type": "metrics", "points": [' + ", ".join(parts) + "]}"
-
-
-_LINES_HEAD = '{"type": "lines", "lines": ['
-_METRICS_HEAD = '{"type": "metrics", "points": ['
+    return _METRICS_HEAD + ", ".join(parts) + "]}"
 
 
 def join_lines(messages):
