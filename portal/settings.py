@@ -128,7 +128,9 @@ if REDIS_URL:
             # and reaches each web process once, whatever the number of viewers; a message no
             # process hears is gone, which viewers survive (they catch up from the database).
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 10}]},
+            # RESP2: with redis-py's default, RESP3, each message is made into a string for a
+            # debug log that is then dropped (redis/redis-py#4230), a sixth of a web process's CPU.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 10, "protocol": 2}]},
         }
     }
 else:
