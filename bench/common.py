@@ -204,7 +204,8 @@ class Services:
 
         port = free_port()
         server = Service("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning", *extra_args],
+                                 "--port", str(port), "--ws", "portal.websocket:WebSocketProtocol",
+                                 "--log-level", "warning", *extra_args],
                          self._env(extra_env), DATA_DIR / "logs" / f"web-{port}.log")
         self.started.append(server.start())
         url = f"http://127.0.0.1:{port}"

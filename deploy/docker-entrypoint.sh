@@ -19,7 +19,7 @@ command=${1:-web}
 
 case "$command" in
     web)
-        exec uvicorn portal.asgi:application --host "${RINGMASTER_HOST:-0.0.0.0}" --port "${RINGMASTER_PORT:-8000}" --no-access-log --timeout-graceful-shutdown 10 "$@"
+        exec uvicorn portal.asgi:application --host "${RINGMASTER_HOST:-0.0.0.0}" --port "${RINGMASTER_PORT:-8000}" --ws portal.websocket:WebSocketProtocol --no-access-log --timeout-graceful-shutdown 10 "$@"
         ;;
     worker)
         exec celery -A portal worker --pool threads --concurrency "${RINGMASTER_WORKER_CONCURRENCY:-16}" --loglevel INFO -n "worker@%h" "$@"

@@ -220,7 +220,8 @@ class WebServer(Service):
         self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__("web", [str(VENV_BIN / "uvicorn"), "portal.asgi:application", "--fd",
-                                 str(self.socket.fileno()), "--timeout-graceful-shutdown", "10"], env, log_path,
+                                 str(self.socket.fileno()), "--ws", "portal.websocket:WebSocketProtocol",
+                                 "--timeout-graceful-shutdown", "10"], env, log_path,
                          pass_fds=(self.socket.fileno(),))
 
     def stop(self):

@@ -417,6 +417,18 @@ def test_entrypoint_starts_what_the_procfile_starts(name, tmp_path):
     assert from_entrypoint[0] in ("uvicorn", "celery")
 
 
+def test_the_web_server_speaks_websockets_with_the_portals_protocol(tmp_path):
+    """Its frames compressed at level 1 (portal/websocket.py; the tests' server runs the same)."""
+    from uvicorn.importer import import_from_string
+
+    from portal.websocket import WebSocketProtocol
+
+    log = tmp_path / "argv"
+    _stub_bin(tmp_path / ".venv" / "bin", log)
+    argv = _run(["sh", "-c", _procfile()["web"]], tmp_path, tmp_path / "bin", log)
+    assert import_from_string(argv[argv.index("--ws") + 1]) is WebSocketProtocol
+
+
 def test_entrypoint_runs_migrations_and_manage_commands(tmp_path):
     log = tmp_path / "argv"
     _stub_bin(tmp_path / "bin", log)
