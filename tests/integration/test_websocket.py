@@ -283,27 +283,32 @@ class _RecordingFactory(ClientPerMessageDeflateFactory):
         return self.made
 
 
-def test_frames_are_compressed_at_level_1(live_portal, job, alice):
+def test_frames_are_compressed_at_level_1_each_on_its_own(live_portal, job, alice):
     """A viewer's frames are compressed (permessage-deflate, as a browser asks) at zlib level 1,
-    not uvicorn's default 6: half the web process's CPU per viewer for 1.25x the bytes
-    (portal/websocket.py). The frames are exactly what level 1 makes of the same messages."""
+    not uvicorn's default 6, and each without the context of the frames before it, so that the
+    web process compresses a frame once for all the viewers it goes to (portal/websocket.py):
+    the frames are exactly what a fresh level-1 compressor makes of each message, and a second
+    viewer gets the very same bytes."""
     store(job, 0, 3000)
-    factory = _RecordingFactory()
     headers = token_header(alice)
 
-    async def scenario():
+    async def view():
+        factory = _RecordingFactory()
         async with connect(ws_url(live_portal, job, since=-1), additional_headers=headers,
                            extensions=[factory], compression=None, max_size=None) as ws:
             messages = await receive_until(ws, lambda m: 3000 in seqs(m) and m[-1]["type"] == "metrics")
-            return messages, ws.protocol.extensions
+            assert ws.protocol.extensions == [factory.made]
+            return messages, factory.made
 
-    messages, extensions = asyncio.run(scenario())
-    assert extensions == [factory.made]
+    messages, made = asyncio.run(view())
+    assert made.remote_no_context_takeover            # the server said it keeps no context
     texts_sent = [json.dumps(m) for m in messages]
-    assert len(factory.made.wire) == len(messages)
-    # The server keeps its compression context from message to message (no context takeover was
-    # asked for), with uvicorn's window (2^12) and memory level (5).
-    level_1 = zlib.compressobj(1, zlib.DEFLATED, -12, 5)
-    expected = [(level_1.compress(text.encode()) + level_1.flush(zlib.Z_SYNC_FLUSH))[:-4] for text in texts_sent]
-    assert factory.made.wire == expected
-    assert sum(map(len, factory.made.wire)) * 4 < sum(len(text) for text in texts_sent)
+    assert len(made.wire) == len(messages)
+    expected = []
+    for text in texts_sent:                            # uvicorn's window (2^12) and memory level (5)
+        level_1 = zlib.compressobj(1, zlib.DEFLATED, -12, 5)
+        expected.append((level_1.compress(text.encode()) + level_1.flush(zlib.Z_SYNC_FLUSH))[:-4])
+    assert made.wire == expected
+    assert sum(map(len, made.wire)) * 4 < sum(len(text) for text in texts_sent)
+    again, made_again = asyncio.run(view())
+    assert again == messages and made_again.wire == made.wire
