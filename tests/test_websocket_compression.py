@@ -15,7 +15,9 @@ def test_a_frame_is_compressed_once_for_every_viewer_it_goes_to():
     payload = b'{"type": "lines", "lines": [' + b", ".join(b'{"seq": %d, "text": "step %d"}' % (i, i) for i in range(200)) + b"]}"
     first = websocket._shared_compressed(payload)
     assert inflated(first) == payload
-    assert websocket._shared_compressed(bytes(payload)) is first      # an equal frame: no second compression
+    another = bytes(bytearray(payload))                               # an equal frame, another object
+    assert another is not payload
+    assert websocket._shared_compressed(another) is first             # no second compression
     assert websocket.compressed(payload) == first                     # the same bytes as compressing it afresh
 
 
