@@ -279,18 +279,10 @@ class OutputSplitter:
         raw = self._raw + bytes(data)
         start = 0
         at_segment_start = self._at_segment_start
-        record = _GLOO_RECORD_RE.match if self._fast_path else None
         search = _TERMINATOR_RE.search
         while True:
-            if at_segment_start and record is not None and (whole := record(raw, start)) is not None:
-                rank, stream, text = whole.groups()
-                key = (int(rank), _STREAM_NAMES[stream])
-                if key not in self._pending and len(text) <= self._max_line_bytes and b"]<" not in text:
-                    out.append(Line(key[0], key[1], text.decode("utf-8", "replace"), None))
-                    if self._target is not _LAUNCHER_KEY:
-                        self._to_launcher()
-                    start = whole.end()
-                    continue
+            if at_segment_start and self._fast_path:
+                start = self._whole_records(raw, start, out)
             match = search(raw, start)
             if match is None:
                 break
@@ -301,6 +293,24 @@ class OutputSplitter:
         self._at_segment_start = start == len(raw)
         self._raw = self._route_unterminated(raw[start:])
         return out
+
+    def _whole_records(self, raw: bytes, start: int, out: list[Line]) -> int:
+        """The fast path: take the whole Gloo records that follow one another from `start` on
+        (a segment's start) as lines, in one loop; returns where the first record it could not
+        take begins (the general way takes that one)."""
+        record, streams, pending, limit = _GLOO_RECORD_RE.match, _STREAM_NAMES, self._pending, self._max_line_bytes
+        new_line, append = tuple.__new__, out.append      # Line's own __new__ is a Python call per line
+        taken = start
+        while (whole := record(raw, start)) is not None:
+            rank, stream, text = whole.groups()
+            rank, stream = int(rank), streams[stream]
+            if (pending and (rank, stream) in pending) or len(text) > limit or b"]<" in text:
+                break
+            append(new_line(Line, (rank, stream, text.decode("utf-8", "replace"), None)))
+            start = whole.end()
+        if start != taken and self._target is not _LAUNCHER_KEY:
+            self._to_launcher()
+        return start
 
     def finish(self) -> list[Line]:
         """At EOF: flush every pending partial line (in the order the lines started)."""
