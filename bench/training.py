@@ -143,8 +143,24 @@ def main():
           f"{', '.join(f'{p / d:.3f}' for p, d in zip(results['portal_iter'], results['direct_iter']))})")
     print(f"portal's own CPU while a job ran: Celery worker {common.median(results['worker_cpu']) * 100:.1f}% of a core "
           f"(the follower), uvicorn {common.median(results['web_cpu']) * 100:.1f}% (median over runs)")
+    low, high = ratio_interval(results["portal"], results["direct"])
+    print(f"95% bootstrap interval of the ratio of the medians (pairs resampled): {low:.3f}-{high:.3f}: "
+          + ("resolves the goal" if low >= GOAL or high < GOAL else f"too wide to tell {GOAL} from the ratio"))
     print(f"RESULT training ratio (portal / direct) = {ratio:.3f} (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")
     print(f"machine at the end: {common.machine()}")
+
+
+def ratio_interval(portal, direct, resamples=10_000, seed=0):
+    """A 95% percentile-bootstrap interval of median(portal) / median(direct), resampling the
+    alternated pairs together (what one more session of the same runs could give)."""
+    import random
+
+    rng = random.Random(seed)
+    pairs = list(zip(portal, direct))
+    ratios = sorted(
+        common.median([p for p, _ in sample]) / common.median([d for _, d in sample])
+        for sample in ([rng.choice(pairs) for _ in pairs] for _ in range(resamples)))
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
 if __name__ == "__main__":
