@@ -20,6 +20,7 @@ batches of one job in a round are checked one after the other); the follower get
 otherwise, and only its batch is left out. Not on PostgreSQL (the embedded default's SQLite,
 one writer anyway), a batch is stored alone with append_output.
 """
+import functools
 import json
 import logging
 import threading
@@ -150,8 +151,7 @@ def _store(batches):
     now = timezone.now()
     accepted, announced = [], []
     with transaction.atomic():
-        held = {row["pk"]: row for row in Job.objects.select_for_update().filter(
-            pk__anyof=list({batch.job_id for batch in batches})).order_by("pk").values(*logstore.HELD_FIELDS)}
+        held = _lock_jobs({batch.job_id for batch in batches})
         lines_texts, points_texts, updates = [], [], {}
         for batch in batches:
             job = held.get(batch.job_id)
@@ -189,27 +189,53 @@ def _store(batches):
         batch.stored = batch in accepted
 
 
+# The two statements of every round are made once, not in each round: a round of one job's one
+# line (a training job's progress line) spent a quarter of its interpreter time compiling them.
+
+@functools.cache
+def _lock_statement():
+    """SELECT ... FOR UPDATE of the jobs' logstore.HELD_FIELDS, in id order: the ORM's own SQL
+    (its one parameter, the ids, an array: jobs.lookups.AnyOf). Made in a transaction (Django
+    refuses to make a SELECT ... FOR UPDATE outside one)."""
+    query = Job.objects.select_for_update().filter(pk__anyof=[]).order_by("pk").values(*logstore.HELD_FIELDS).query
+    sql, _ = query.sql_with_params()
+    return sql
+
+
+def _lock_jobs(ids):
+    """{id: HELD_FIELDS as a dict} of the jobs `ids`, their rows locked (in a transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_lock_statement(), [sorted(ids)])
+        names = [column.name for column in cursor.description]        # the fields' names (AS ...)
+        return {job["pk"]: job for job in (dict(zip(names, row)) for row in cursor.fetchall())}
+
+
+@functools.cache
+def _update_statement():
+    table = connection.ops.quote_name(Job._meta.db_table)
+    column = {name: connection.ops.quote_name(Job._meta.get_field(name).column) for name in (
+        "next_seq", "output_offset", "output_state", "follow_cursor", "failed_rank", "exit_code")}
+    return (
+        f"UPDATE {table} AS j SET {column['next_seq']} = v.next_seq, {column['output_offset']} = v.output_offset, "
+        f"{column['output_state']} = v.state::jsonb, "
+        f"{column['follow_cursor']} = COALESCE(v.cursor::jsonb, j.{column['follow_cursor']}), "
+        f"{column['failed_rank']} = v.failed_rank, {column['exit_code']} = v.exit_code "
+        "FROM (VALUES %s) AS v(id, next_seq, output_offset, state, cursor, failed_rank, exit_code) "
+        f"WHERE j.{connection.ops.quote_name(Job._meta.pk.column)} = v.id")
+
+
 def _update_jobs(updates):
     """One UPDATE of the stored jobs' seq, offset, splitter state, cursor and first rank failure."""
     if not updates:
         return
     from psycopg2.extras import execute_values
 
-    table = connection.ops.quote_name(Job._meta.db_table)
-    column = {name: connection.ops.quote_name(Job._meta.get_field(name).column) for name in (
-        "next_seq", "output_offset", "output_state", "follow_cursor", "failed_rank", "exit_code")}
     values = [(pk, u["next_seq"], u["output_offset"], json.dumps(u["state"]),
                None if u["cursor"] is None else json.dumps(u["cursor"]), u["failed_rank"], u["exit_code"])
               for pk, u in sorted(updates.items())]
     with connection.cursor() as cursor:
-        execute_values(cursor.cursor, (
-            f"UPDATE {table} AS j SET {column['next_seq']} = v.next_seq, {column['output_offset']} = v.output_offset, "
-            f"{column['output_state']} = v.state::jsonb, "
-            f"{column['follow_cursor']} = COALESCE(v.cursor::jsonb, j.{column['follow_cursor']}), "
-            f"{column['failed_rank']} = v.failed_rank, {column['exit_code']} = v.exit_code "
-            "FROM (VALUES %s) AS v(id, next_seq, output_offset, state, cursor, failed_rank, exit_code) "
-            f"WHERE j.{connection.ops.quote_name(Job._meta.pk.column)} = v.id"),
-            values, template="(%s, %s::bigint, %s::bigint, %s, %s, %s::integer, %s::integer)", page_size=len(values))
+        execute_values(cursor.cursor, _update_statement(), values,
+                       template="(%s, %s::bigint, %s::bigint, %s, %s, %s::integer, %s::integer)", page_size=len(values))
 
 
 _writer = GroupWriter()
