@@ -475,10 +475,12 @@ async def _one_viewer(url, headers, until_seq, until_stamped, deadline, ready, k
                     continue
                 frame = _frame_of_lines(raw) if raw.startswith(_LINES_HEAD) and not keep else None
                 if frame and frame[0] == expected and frame[1] == expected + frame[2] - 1:
-                    # From where this viewer is, as many lines as its seqs span: in order, once
-                    # (the portal sends a frame's lines in seq order; the loop below, which reads
-                    # each line, takes any other frame). Each stamped line's lag is counted as
-                    # the frame's oldest line's, its first: an upper bound of the lines' lags.
+                    # From where this viewer is, as many lines as its seqs span: taken as in
+                    # order, once (the portal's frames are runs of stored seqs; a frame that spans
+                    # another count goes to the loop below, which reads each line; a missing and a
+                    # repeated line inside one frame would cancel out here: the suite's replay
+                    # tests check every line). Each stamped line's lag is counted as the frame's
+                    # oldest line's, its first: an upper bound of the lines' lags.
                     first, last, count, stamped, stamp = frame
                     lines = ()
                     expected += count
