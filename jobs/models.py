@@ -77,6 +77,8 @@ class Job(models.Model):
                                            help_text="Elastic: the job may grow to this many GPUs; blank: fixed size.")
     size = models.PositiveIntegerField(null=True, blank=True, verbose_name="current GPUs",
                                        help_text="GPUs the job holds while admitted (an elastic job's changes).")
+    resized_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                      help_text="When the scheduler last changed a running elastic job's size.")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns",
                                help_text="The job this one was rerun from.")
     script = models.ForeignKey(Script, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")

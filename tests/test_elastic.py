@@ -98,6 +98,30 @@ def test_a_job_whose_ranks_may_not_be_up_yet_is_neither_grown_nor_shrunk(alice, 
     assert scheduler.admit() == [] and reload(job).size == 4      # not shrunk before it settled either
 
 
+def test_a_job_resized_lately_is_resized_again_only_once_it_settles_at_its_new_size(alice, bob, image, script,
+                                                                                      four, settings):
+    # The trace of BENCHMARKS.md §11: grown, grown again and shrunk within four seconds, the
+    # job's ranks ended up in two worlds (one in a broadcast of size 2, one alone in an
+    # allreduce), each waiting for the other for good.
+    settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 30
+    job, blocker = elastic_beside(alice, bob, script)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    end(blocker)
+    scheduler.admit()
+    assert reload(job).size == 4                         # settled since its start: it grows
+    other = submitted(bob, script, 2)
+    assert scheduler.admit() == [] and reload(job).size == 4      # just grown: not shrunk yet
+    assert "waiting for capacity" in reload(other).reason
+    Job.objects.filter(pk=job.pk).update(resized_at=timezone.now() - timedelta(seconds=31))
+    assert scheduler.admit() == [other.pk] and reload(job).size == 2
+    end(other)
+    scheduler.admit()
+    assert reload(job).size == 2                         # just shrunk: not grown yet either
+    Job.objects.filter(pk=job.pk).update(resized_at=timezone.now() - timedelta(seconds=31))
+    scheduler.admit()
+    assert reload(job).size == 4
+
+
 @pytest.mark.parametrize("quota", [{"gpus": 3}, {"gpus_per_job": 3}, {"gpus": 3, "jobs": 1}])
 def test_growing_stops_at_the_owners_quota(alice, image, script, four, quota):
     Quota.objects.create(user=alice, **quota)

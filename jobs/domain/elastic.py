@@ -3,8 +3,10 @@ waiting job can start. The one place for these rules; jobs.domain.scheduler.admi
 under its lock, in the same pass that admits queued jobs.
 
 - An elastic job (Job.max_gpus set) is admitted at its minimum (Job.gpus), like any job, and
-  is resized only once it has settled (run RINGMASTER_ELASTIC_SETTLE_SECONDS: Horovod ignores a
-  change that comes before its ranks are up).
+  is resized only once it has settled: run RINGMASTER_ELASTIC_SETTLE_SECONDS since it started
+  and since its last resize. Horovod ignores a change that comes before its ranks are up, and
+  one that comes while a reset is under way (a growth's new ranks still starting) can leave the
+  ranks in two different worlds, each waiting on the other for ever (BENCHMARKS.md §11).
 - **Shrink**: a queued job that does not fit its backend's free capacity takes GPUs from running
   elastic jobs of the same backend whose priority is not higher than its own (lowest priority
   first, then the newest), never below their minimum, if that frees enough for it.
@@ -23,6 +25,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
@@ -30,11 +33,12 @@ from jobs.domain import states
 from jobs.models import Job, SlotAllocation, State
 
 def _running(settled=True, **filters):
-    """Running elastic jobs; `settled`: only those Horovod can resize yet (settled_since())."""
+    """Running elastic jobs; `settled`: only those Horovod can resize now (settled_since())."""
+    jobs = Job.objects.filter(state=State.RUNNING, cancel_requested=False, max_gpus__isnull=False, **filters)
     if settled:
-        filters["started_at__lte"] = settled_since()
-    rows = (Job.objects.filter(state=State.RUNNING, cancel_requested=False, max_gpus__isnull=False, **filters)
-            .values_list(*QUEUED_JOB_FIELDS))
+        since = settled_since()
+        jobs = jobs.filter(Q(resized_at__isnull=True) | Q(resized_at__lte=since), started_at__lte=since)
+    rows = jobs.values_list(*QUEUED_JOB_FIELDS)
     return [QueuedJob(*row) for row in rows]
 
 
@@ -45,8 +49,9 @@ def _launching(ids):
 
 
 def settled_since():
-    """Jobs started before this have run RINGMASTER_ELASTIC_SETTLE_SECONDS: their ranks are up,
-    so Horovod acts on a change of hosts (one it sees before rank 0 is ready it drops for good)."""
+    """Jobs started (and last resized) before this have run RINGMASTER_ELASTIC_SETTLE_SECONDS at
+    that size: their ranks are up, so Horovod acts on a change of hosts (one it sees before rank 0
+    is ready it drops for good; one during a reset may hang the job)."""
     return timezone.now() - timedelta(seconds=settings.RINGMASTER_ELASTIC_SETTLE_SECONDS)
 
 

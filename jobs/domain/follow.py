@@ -223,6 +223,7 @@ def _follow_events(job_id, me, runner, spec, job, splitter):
 def _store_events(job_id, me, runner, spec, job, splitter):
     next_host_check = next_size_check = beat_seen = 0.0
     settled = False
+    resettled_at = None     # when an elastic job may be resized again after its last resize
     stop_reason = None
     pending = None          # the batch handed in last, until its answer was looked at
     stopping = None         # the cancel under way (on the hub's threads for slow calls)
@@ -278,9 +279,15 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                     if size and size != spec.gpus:
                         try:
                             spec = replace(spec, gpus=_apply_size(job_id))
+                            resettled_at = now + settings.RINGMASTER_ELASTIC_SETTLE_SECONDS
                         except Exception:                    # a host it grows onto is away: try again soon
                             log.exception("job %s: applying its size %s failed", job_id, size)
                             next_size_check = now + HOST_CHECK_SECONDS
+            if resettled_at is not None and now >= resettled_at:
+                # Settled at its new size: a queued job may shrink it now, or it may grow.
+                resettled_at = None
+                with dbpool.borrowed():
+                    taskqueue.wake_scheduler()
             # What the worker's heartbeat last read of the job (a query only when there is work).
             reading = heartbeat.reading(job_id)
             if reading is not None and reading.at > beat_seen:

@@ -90,7 +90,8 @@ def resize(job_id, size, message):
         if job.state not in (State.LAUNCHING, State.RUNNING) or job.size == size:
             return None
         job.size = size
-        job.save(update_fields=["size"])
+        job.resized_at = timezone.now()
+        job.save(update_fields=["size", "resized_at"])
         JobEvent.objects.create(job=job, message=message, gpus=size)
         transaction.on_commit(lambda: _announce(job))
     return job
