@@ -4,14 +4,20 @@ job at its requested size and once with half of them elastic. Compared: each job
 time (submitted -> finished), their mean, and the worst job's ratio elastic / fixed.
 
 The trace (seeded): JOBS jobs, exponential gaps of mean GAP seconds, sizes 1, 2 or 4, each a
-fixed amount of work in GPU-seconds (40 to 120) done in STEPS steps; a step sleeps work / STEPS
+fixed amount of work in GPU-seconds (40 to 120, times SCALE) done in STEPS steps; a step sleeps work / STEPS
 / size seconds after an allreduce, so a job's time falls with its size as real data-parallel
 training does, and two cores can hold eight ranks. In the elastic run every other job may grow
 to 4x its size (at most 8): it runs its loop under `@hvd.elastic.run` with a commit each step.
 Its minimum is its size. The other jobs, and every job of the fixed run, run the same loop
 plainly.
 
-    .venv/bin/python bench/elastic_trace.py [--jobs 30] [--gap 14] [--seed 7]
+SCALE multiplies every job's work and every gap between arrivals (the offered load stays the
+same): at 1 (the first runs, BENCHMARKS.md §11) a job's start (horovodrun, every rank importing
+torch: 8-12 s on two cores) was a tenth to a half of its run, and a growth's new rank as much
+again; at 3 (the default) jobs run 2-6 minutes of one GPU's work and a start is a few percent
+of it, as it is for real training.
+
+    .venv/bin/python bench/elastic_trace.py [--jobs 30] [--gap 14] [--scale 3] [--seed 7]
 """
 import argparse
 import os
@@ -53,12 +59,13 @@ else:
 """
 
 
-def trace(count, gap, seed):
-    """[(arrival offset s, GPUs, work GPU-s, may be elastic)]."""
+def trace(count, gap, seed, scale=1):
+    """[(arrival offset s, GPUs, work GPU-s, may be elastic)]: the same draws at every `scale`."""
     rng = random.Random(seed)
     at, jobs = 0.0, []
     for index in range(count):
-        jobs.append((round(at, 1), rng.choice((1, 2, 2, 4)), rng.choice((40, 60, 80, 120)), index % 2 == 1))
+        jobs.append((round(at * scale, 1), rng.choice((1, 2, 2, 4)), scale * rng.choice((40, 60, 80, 120)),
+                     index % 2 == 1))
         at += rng.expovariate(1 / gap)
     return jobs
 
@@ -94,6 +101,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=30)
     parser.add_argument("--gap", type=float, default=14.0, help="mean seconds between arrivals")
+    parser.add_argument("--scale", type=int, default=3, help="multiplies every job's work and every gap")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--elastic-first", action="store_true", help="run the elastic arm before the fixed one")
     args = parser.parse_args()
@@ -103,9 +111,9 @@ def main():
 
     settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = SETTLE
     env = {"RINGMASTER_LOCAL_GPUS": str(SLOTS), "RINGMASTER_ELASTIC_SETTLE_SECONDS": str(SETTLE)}
-    jobs = trace(args.jobs, args.gap, args.seed)
-    offered = sum(work for _, _, work, _ in jobs) / (jobs[-1][0] + args.gap) / SLOTS
-    print(f"{len(jobs)} jobs over {jobs[-1][0]:.0f} s, sizes {sorted(g for _, g, _, _ in jobs)}, "
+    jobs = trace(args.jobs, args.gap, args.seed, args.scale)
+    offered = sum(work for _, _, work, _ in jobs) / (jobs[-1][0] + args.gap * args.scale) / SLOTS
+    print(f"{len(jobs)} jobs over {jobs[-1][0]:.0f} s (scale {args.scale}), sizes {sorted(g for _, g, _, _ in jobs)}, "
           f"offered load {offered:.2f} of {SLOTS} slots", flush=True)
     _, token = common.bench_user()
     common.bench_image()
