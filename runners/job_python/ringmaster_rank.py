@@ -13,9 +13,17 @@ a job owns different GPUs on each of its hosts: the portal puts them in RINGMAST
 in HOROVOD_HOSTNAME, and this sets CUDA_VISIBLE_DEVICES to that host's indices, so
 hvd.local_rank() 0, 1, ... is the job's first, second, ... GPU there and an unchanged Horovod
 script (torch.cuda.set_device(hvd.local_rank())) trains on what the job owns.
+
+A rank of an elastic job (horovodrun sets HOROVOD_ELASTIC=1) runs its script in this process
+instead, after turning off Horovod's shortcut of skipping the state sync after a reset that
+only removed workers: when workers are removed while a growth's new ones are still joining
+(Horovod issue #3494, open), the survivors skip the sync, the new ranks sync, and each waits for
+the other for good. With the shortcut off every rank syncs after every reset: one broadcast of
+the committed state more on a shrink.
 """
 import json
 import os
+import runpy
 import sys
 
 ARGV_FILE = "argv.json"
@@ -61,10 +69,37 @@ def bind_gpus(environ):
     environ["CUDA_VISIBLE_DEVICES"] = indices
 
 
+def always_sync_after_a_reset():
+    """Every HostsUpdatedInterrupt asks for the state sync (horovod.common.elastic.run_fn skips
+    it when the interrupt says only workers were removed)."""
+    try:
+        from horovod.common import exceptions
+    except ImportError:                         # no Horovod here: nothing to change
+        return
+    interrupt = exceptions.HostsUpdatedInterrupt
+    original = interrupt.__init__
+
+    def __init__(self, skip_sync):
+        original(self, False)
+
+    interrupt.__init__ = __init__
+
+
+def run_here(argv):
+    """Run the script as `python script args...` would, in this process."""
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
 def main():
     argv = read_argv()
     bind_gpus(os.environ)
-    os.execv(sys.executable, [sys.executable, *argv])
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        always_sync_after_a_reset()
+        run_here(argv)
+    else:
+        os.execv(sys.executable, [sys.executable, *argv])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""The rank launcher (runners/job_python/ringmaster_rank.py) runs a rank's script with its words
+as given; an elastic job's ranks (HOROVOD_ELASTIC=1, as horovodrun sets it) run it with Horovod's
+skip-the-sync-after-a-removal shortcut turned off (Horovod issue #3494: survivors skip the sync
+while a growth's new ranks sync, and the job hangs)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runners.local import JOB_PYTHON
+
+SCRIPT = """
+import json, os, sys
+from horovod.common.exceptions import HostsUpdatedInterrupt
+print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
+                  "skip_sync": HostsUpdatedInterrupt(True).skip_sync}))
+sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+
+
+def rank(tmp_path, words, **env):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "argv.json").write_text(json.dumps(["train.py", *words]))
+    result = subprocess.run([sys.executable, "-m", "ringmaster_rank"], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(JOB_PYTHON), **env}, timeout=60)
+    return result.returncode, json.loads(result.stdout) if result.stdout else result.stderr
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_the_script_gets_its_words_as_given_and_its_exit_code_is_the_ranks(tmp_path, elastic):
+    env = {"HOROVOD_ELASTIC": "1"} if elastic else {}
+    code, seen = rank(tmp_path, ["--network", "a b", "-m"], EXIT_WITH="3", **env)
+    assert code == 3, seen
+    assert seen["argv"] == ["train.py", "--network", "a b", "-m"] and seen["name"] == "__main__"
+    assert os.path.realpath(seen["path0"]) == os.path.realpath(tmp_path)     # as `python train.py` has it
+
+
+def test_an_elastic_ranks_script_syncs_its_state_after_every_reset(tmp_path):
+    assert rank(tmp_path, [], HOROVOD_ELASTIC="1")[1]["skip_sync"] is False
+    assert rank(tmp_path, [])[1]["skip_sync"] is True               # a fixed job's Horovod is left as it is
