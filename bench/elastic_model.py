@@ -10,7 +10,7 @@ not the portal (the portal is what elastic_trace.py measures).
   first); a job admitted in that pass starts at the size it grows to.
 - A job's start costs START seconds of no progress (horovodrun, the ranks' imports), a growth
   GROW (a reset, a new rank's start), a shrink SHRINK; a job can be resized once it has run
-  SETTLE seconds. Work is done at one GPU-second per slot-second (linear scaling, as the
+  SETTLE seconds since its start and since its last resize. Work is done at one GPU-second per slot-second (linear scaling, as the
   trace's sleep-based steps do).
 
     .venv/bin/python bench/elastic_model.py [--scale 3] [--seeds 1-20] [--start 12 --grow 8]
@@ -51,7 +51,7 @@ def simulate(jobs, elastic, start=12.0, grow=8.0, shrink=3.0, settle=SETTLE):
                     if give:
                         size[j] -= give
                         missing -= give
-                        paused[j] = max(paused[j], shrink)
+                        paused[j], resizable[j] = max(paused[j], shrink), now + settle
             size[i], began[i], paused[i], resizable[i] = low[i], now, start, now + settle
             fresh.add(i)
         if not blocked:
@@ -66,7 +66,7 @@ def simulate(jobs, elastic, start=12.0, grow=8.0, shrink=3.0, settle=SETTLE):
                 size[j] += more
                 free -= more
                 if j not in fresh:
-                    paused[j] = max(paused[j], grow)
+                    paused[j], resizable[j] = max(paused[j], grow), now + settle
         for j in range(n):
             if began[j] is None or ended[j] is not None:
                 continue

@@ -18,8 +18,14 @@ again; at 3 (the default) jobs run 2-6 minutes of one GPU's work and a start is 
 of it, as it is for real training.
 
     .venv/bin/python bench/elastic_trace.py [--jobs 30] [--gap 14] [--scale 3] [--seed 7]
+        [--only fixed|elastic] [--results FILE]
+
+--results keeps each arm's completion times in a JSON file (with the trace they ran): with
+--only, one arm runs and is compared with the other arm kept there by an earlier run of the same
+trace (an arm takes 20 minutes at scale 3).
 """
 import argparse
+import json
 import os
 import random
 import sys
@@ -97,6 +103,16 @@ def run_trace(http, url, script, jobs, elastic, label):
     return {index: (by_id[pk].finished_at - by_id[pk].created_at).total_seconds() for index, pk in ids.items()}
 
 
+def kept_times(path, jobs):
+    """{arm: [completion s by job index]} kept in `path` by runs of this very trace."""
+    if path is None or not path.exists():
+        return {}
+    kept = json.loads(path.read_text())
+    if [list(job) for job in jobs] != kept.pop("trace"):
+        raise SystemExit(f"{path} holds the times of another trace")
+    return kept
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=30)
@@ -104,6 +120,8 @@ def main():
     parser.add_argument("--scale", type=int, default=3, help="multiplies every job's work and every gap")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--elastic-first", action="store_true", help="run the elastic arm before the fixed one")
+    parser.add_argument("--only", choices=("fixed", "elastic"), help="run one arm (the other from --results)")
+    parser.add_argument("--results", type=Path, help="JSON file of each arm's completion times, kept and read")
     args = parser.parse_args()
     common.header("what elasticity buys: one trace, fixed sizes vs half elastic")
     common.setup()
@@ -124,15 +142,23 @@ def main():
         response = http.post(f"{url}/api/scripts/", files={"file": ("trace_job.py", TRAIN)})
         response.raise_for_status()
         script = response.json()["id"]
-        times = {}
+        times = kept_times(args.results, jobs)
         arms = [("fixed", False), ("elastic", True)]
         for label, elastic in (arms[::-1] if args.elastic_first else arms):
+            if args.only and label != args.only:
+                continue
             # The arm before leaves the load average high with its own ranks: start on a quiet machine.
             common.wait_for(lambda: os.getloadavg()[0] < 1.5, timeout=600, interval=5, message="a load below 1.5")
             print(f"{label} run: load before {common.machine()}", flush=True)
-            times[label] = run_trace(http, url, script, jobs, elastic, label)
-            print(f"{label} run: completion mean {sum(times[label].values()) / len(jobs):.1f} s, median "
-                  f"{common.median(list(times[label].values())):.1f} s; load after {common.machine()}", flush=True)
+            ran = run_trace(http, url, script, jobs, elastic, label)
+            times[label] = [ran[index] for index in range(len(jobs))]
+            print(f"{label} run: completion mean {sum(times[label]) / len(jobs):.1f} s, median "
+                  f"{common.median(times[label]):.1f} s; load after {common.machine()}", flush=True)
+            if args.results:
+                args.results.write_text(json.dumps({"trace": jobs, **times}))
+    if "fixed" not in times or "elastic" not in times:
+        print(f"not compared: no {'fixed' if 'fixed' not in times else 'elastic'} arm in {args.results}")
+        return 1
     print()
     print("job  GPUs  work  elastic  fixed s  elastic s  ratio")
     ratios = []
@@ -141,8 +167,8 @@ def main():
         ratios.append(elastic / fixed)
         print(f"{index:3d}  {gpus:4d}  {work:4d}  {'yes' if may_grow else 'no':>7}  {fixed:7.1f}  {elastic:9.1f}  "
               f"{ratios[-1]:.2f}")
-    mean_fixed = sum(times["fixed"].values()) / len(jobs)
-    mean_elastic = sum(times["elastic"].values()) / len(jobs)
+    mean_fixed = sum(times["fixed"]) / len(jobs)
+    mean_elastic = sum(times["elastic"]) / len(jobs)
     print(f"mean completion: fixed {mean_fixed:.1f} s, elastic {mean_elastic:.1f} s: "
           f"{(1 - mean_elastic / mean_fixed) * 100:.0f}% lower (goal >= 30%)")
     print(f"worst job elastic / fixed: {max(ratios):.2f} (goal <= 1.5); "
