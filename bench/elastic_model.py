@@ -10,8 +10,8 @@ not the portal (the portal is what elastic_trace.py measures).
   first); a job admitted in that pass starts at the size it grows to.
 - A job's start costs START seconds of no progress (horovodrun, the ranks' imports), a growth
   GROW (a reset, a new rank's start), a shrink SHRINK; a job can be resized once it has run
-  SETTLE seconds since its start and since its last resize. Work is done at one GPU-second per slot-second (linear scaling, as the
-  trace's sleep-based steps do).
+  SETTLE seconds since its start and since its last resize. Work is done at one GPU-second
+  per slot-second (linear scaling, as the trace's sleep-based steps do).
 
     .venv/bin/python bench/elastic_model.py [--scale 3] [--seeds 1-20] [--start 12 --grow 8]
 """

@@ -4,8 +4,8 @@ job at its requested size and once with half of them elastic. Compared: each job
 time (submitted -> finished), their mean, and the worst job's ratio elastic / fixed.
 
 The trace (seeded): JOBS jobs, exponential gaps of mean GAP seconds, sizes 1, 2 or 4, each a
-fixed amount of work in GPU-seconds (40 to 120, times SCALE) done in STEPS steps; a step sleeps work / STEPS
-/ size seconds after an allreduce, so a job's time falls with its size as real data-parallel
+fixed amount of work in GPU-seconds (40 to 120, times SCALE) done in STEPS steps; a step sleeps
+work / STEPS / size seconds after an allreduce, so a job's time falls with its size as real data-parallel
 training does, and two cores can hold eight ranks. In the elastic run every other job may grow
 to 4x its size (at most 8): it runs its loop under `@hvd.elastic.run` with a commit each step.
 Its minimum is its size. The other jobs, and every job of the fixed run, run the same loop
