@@ -6,14 +6,16 @@ not the portal (the portal is what elastic_trace.py measures).
 - Admission in arrival order; the first job that does not fit holds everything behind it (no
   backfill). A job that does not fit first shrinks running elastic jobs that have settled
   (the newest first, never below their minimum).
-- After the pass, if nothing waits, running elastic jobs grow into what is free (the oldest
-  first); a job admitted in that pass starts at the size it grows to.
+- After the pass, running elastic jobs grow into what is free (the oldest first), also while a
+  job waits for more than is free: the GPUs are lent, and the waiting job takes them back by
+  the first rule (`--no-lend`: they stay idle, the rule before 2026-11-28); a job admitted in
+  that pass starts at the size it grows to.
 - A job's start costs START seconds of no progress (horovodrun, the ranks' imports), a growth
   GROW (a reset, a new rank's start), a shrink SHRINK; a job can be resized once it has run
   SETTLE seconds since its start and since its last resize. Work is done at one GPU-second
   per slot-second (linear scaling, as the trace's sleep-based steps do).
 
-    .venv/bin/python bench/elastic_model.py [--scale 3] [--seeds 1-20] [--start 12 --grow 8]
+    .venv/bin/python bench/elastic_model.py [--scale 3] [--seeds 1-20] [--start 12 --grow 8] [--no-lend]
 """
 import argparse
 import statistics
@@ -27,7 +29,7 @@ from bench.elastic_trace import SETTLE, SLOTS, trace  # noqa: E402
 DT = 0.1
 
 
-def simulate(jobs, elastic, start=12.0, grow=8.0, shrink=3.0, settle=SETTLE):
+def simulate(jobs, elastic, start=12.0, grow=8.0, shrink=3.0, settle=SETTLE, lend=True):
     """Each job's completion time (arrival -> end), in seconds of simulated time."""
     n = len(jobs)
     low = [gpus for _, gpus, _, _ in jobs]
@@ -54,7 +56,7 @@ def simulate(jobs, elastic, start=12.0, grow=8.0, shrink=3.0, settle=SETTLE):
                         paused[j], resizable[j] = max(paused[j], shrink), now + settle
             size[i], began[i], paused[i], resizable[i] = low[i], now, start, now + settle
             fresh.add(i)
-        if not blocked:
+        if lend or not blocked:
             free = SLOTS - sum(size)
             for j in sorted((j for j in range(n) if began[j] is not None and ended[j] is None
                              and size[j] < high[j]), key=lambda j: began[j]):
@@ -89,6 +91,7 @@ def main():
     parser.add_argument("--start", type=float, default=12.0, help="seconds a job's start costs")
     parser.add_argument("--grow", type=float, default=8.0, help="seconds a growth costs the job")
     parser.add_argument("--shrink", type=float, default=3.0, help="seconds a shrink costs the job")
+    parser.add_argument("--no-lend", action="store_true", help="GPUs a waiting job reserved stay idle")
     args = parser.parse_args()
     first, _, last = args.seeds.partition("-")
     lowers = []
@@ -96,7 +99,7 @@ def main():
     for seed in range(int(first), int(last or first) + 1):
         jobs = trace(args.jobs, args.gap, seed, args.scale)
         fixed = simulate(jobs, False, args.start, args.grow, args.shrink)
-        elastic = simulate(jobs, True, args.start, args.grow, args.shrink)
+        elastic = simulate(jobs, True, args.start, args.grow, args.shrink, lend=not args.no_lend)
         lower = 1 - statistics.mean(elastic) / statistics.mean(fixed)
         worst = max(e / f for e, f in zip(elastic, fixed))
         lowers.append(lower)

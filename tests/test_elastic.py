@@ -1,5 +1,5 @@
 """Elastic jobs in the scheduler: an elastic job (max_gpus) is admitted at its minimum, grows
-into GPUs nothing queued wants, shrinks (never below its minimum) so a queued job of no lower
+into GPUs nothing queued can use yet, shrinks (never below its minimum) so a queued job of no lower
 priority starts, keeps its quotas at every size, and is charged the GPUs it held over time."""
 from datetime import timedelta
 
@@ -133,13 +133,39 @@ def test_growing_stops_at_the_owners_quota(alice, image, script, four, quota):
     assert reload(job).size == 3
 
 
-def test_a_queued_job_that_still_would_not_fit_keeps_the_gpus_from_growing(alice, bob, image, script, four):
-    elastic, blocker = elastic_beside(alice, bob, script)
-    big = submitted(bob, script, 4)
-    end(blocker)
+def lender_and_borrower(alice, bob, script, **elastic):
+    """Four slots: bob's fixed jobs of 2 and 1, alice's 1..4 job running at 1, and bob's queued
+    3-GPU job. The 2-GPU job ends: 2 GPUs free, too few for the queued job. (elastic, fixed 1, queued)"""
+    two, one = occupy(bob, script, 2), occupy(bob, script, 1)
+    job = submitted(alice, script, 1, max_gpus=4, **elastic)
     scheduler.admit()
-    assert reload(big).state == State.QUEUED
-    assert reload(elastic).size == 2                     # the free 2 are reserved for the big job
+    job = running(job)
+    assert job.size in (None, 1)
+    queued = submitted(bob, script, 3)
+    assert scheduler.admit() == []
+    end(two)
+    assert scheduler.admit() == []
+    assert reload(queued).reason.startswith("waiting for capacity")
+    return job, one, queued
+
+
+def test_gpus_a_queued_job_cannot_use_yet_are_lent_and_it_takes_them_back_to_start(alice, bob, image, script, four):
+    job, one, queued = lender_and_borrower(alice, bob, script)
+    assert reload(job).size == 3                         # not left idle while the queued job waits
+    assert size_events(job)[-1] == (3, f"grew to 3 GPUs: 2 GPUs free on this machine, until job {queued.pk} can start")
+    end(one)                                             # 1 free and 2 lent: enough for it
+    assert scheduler.admit() == [queued.pk]
+    assert reload(job).size == 1
+    assert size_events(job)[-1] == (1, f"shrank to 1 GPUs for job {queued.pk}")
+    assert quotas.QuotaBook().backend_gpus("local") == 4
+
+
+def test_a_job_of_higher_priority_borrows_nothing_from_a_queued_job(alice, bob, make_user, image, script, four):
+    root = make_user("root", is_staff=True)
+    job, one, queued = lender_and_borrower(root, bob, script, priority=5)
+    assert reload(job).size == 1                         # bob's job could not take the GPUs back
+    end(one)
+    assert scheduler.admit() == [queued.pk]
 
 
 def test_a_queued_job_shrinks_a_running_elastic_job_and_starts(alice, bob, image, script, four):

@@ -12,10 +12,16 @@ under its lock, in the same pass that admits queued jobs.
   elastic jobs of the same backend whose priority is not higher than its own (lowest priority
   first, then the newest), never below their minimum, if that frees enough for it.
 - **Grow**: after the queue pass, a running elastic job takes the free GPUs of its backend, up to
-  its maximum, unless a queued job waits for that capacity or for one of the job's quota
-  scopes; its quotas (GPUs at once, per job, GPU-hours) hold at every size. A job admitted in
-  the same pass grows too, before it is launched: one that finds GPUs free starts at its
-  largest size, with no resize for Horovod to miss while its ranks start.
+  its maximum, unless a queued job waits for one of the job's quota scopes; its quotas (GPUs at
+  once, per job, GPU-hours) hold at every size. A job admitted in the same pass grows too,
+  before it is launched: one that finds GPUs free starts at its largest size, with no resize
+  for Horovod to miss while its ranks start.
+- **Lend**: free GPUs that a queued job reserved but cannot use yet (it needs more than are
+  free) are grown into too, by jobs whose priority is not higher than the queued job's: that
+  job shrinks them (the first rule) as soon as what is free and what was lent hold it, so the
+  GPUs work meanwhile instead of waiting idle for the rest. The event says so ("... until job
+  812 can start"). A job of higher priority does not borrow: the queued job could not take
+  the GPUs back.
 
 What changes is Job.size, with an event that says why (jobs.domain.states.resize), and the
 backend's record of what the job holds (Admission.resize). The job's follower sees the new size
@@ -79,22 +85,28 @@ def make_room(admission, book, job):
 
 def grow(admission_of, book, reserved, fresh=()):
     """Grow running elastic jobs, and those admitted in this pass (`fresh` ids: not launched
-    yet, so they start at the size they get), into free GPUs nothing queued waits for.
-    Returns their ids."""
+    yet, so they start at the size they get), into free GPUs: those no queued job reserved, and
+    those lent by a queued job that can take them back (`reserved`: constraint key -> the first
+    QueuedJob waiting on it). Returns their ids."""
     grown = []
     candidates = _running() + _launching(fresh)
     jobs = sorted((job for job in candidates if job.current < job.max_gpus), key=lambda job: (-job.priority, job.pk))
     for job in jobs:
         admission = admission_of(job.backend)
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
-        if admission.capacity_key(job) in reserved or any(scope.key in reserved for scope, _ in constraints):
+        waiting = reserved.get(admission.capacity_key(job))
+        if waiting is not None and waiting.priority < job.priority:
+            continue                                     # it could not take the GPUs back
+        if any(scope.key in reserved for scope, _ in constraints):
             continue
         more = min(room for room in (job.max_gpus - job.current, admission.room(job),
                                      book.growth_room(constraints, job.current)) if room is not None)
         more -= more % admission.step(job)
         if more > 0:
+            lent = f", until job {waiting.pk} can start" if waiting is not None else ""
             _resize(admission, book, job, job.current + more,
-                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}", constraints)
+                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}{lent}",
+                    constraints)
             grown.append(job.pk)
     return grown
 

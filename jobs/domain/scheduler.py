@@ -47,7 +47,9 @@ def admit():
 
     Elastic jobs (jobs.domain.elastic): in step 5 a job that does not fit first shrinks running
     elastic jobs of no higher priority, if that makes it fit; after the pass, running elastic
-    jobs grow into what is free and no waiting job reserved.
+    jobs grow into what is free: into capacity a waiting job reserved only when that job can
+    take it back (their priority is not higher than its own), so GPUs the job cannot use yet
+    are lent, not left idle.
 
     Why: head-of-line blocking happens only within one constraint. A job blocked by its own
     user's or group's quota never holds back anybody else's job that fits (alice over her quota
@@ -63,7 +65,7 @@ def admit():
     with transaction.atomic():
         _lock_scheduler()
         book = quotas.QuotaBook()
-        reserved = {}                      # constraint key -> the first job waiting on it
+        reserved = {}                      # constraint key -> the first job (QueuedJob) waiting on it
         passes = {}                        # backend name -> its Admission, made on first need
         elastic.drop_lost_hosts(lambda name: _admission(passes, name, book), book)
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
@@ -133,7 +135,7 @@ def _why_waiting(book, reserved, job, constraints, admission):
     blocked = book.blockers(constraints, job.gpus)
     if blocked:
         for scope, _ in blocked:
-            reserved[scope.key] = job.pk
+            reserved[scope.key] = job
         return "waiting for quota: " + "; ".join(message for _, message in blocked)
     key = admission.capacity_key(job)
     if key in reserved:
@@ -142,7 +144,7 @@ def _why_waiting(book, reserved, job, constraints, admission):
     if reason is not None and elastic.make_room(admission, book, job):
         reason = admission.why_waiting(job)
     if reason is not None:
-        reserved[key] = job.pk
+        reserved[key] = job
     return reason
 
 
