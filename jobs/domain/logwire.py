@@ -35,12 +35,18 @@ def lines_message(rows):
     """{"type": "lines", ...} for (seq, rank, stream, ts, text) rows in seq order."""
     zone = timezone.get_current_timezone()     # once, not per line (timezone.localtime's lookup)
     last_ts, iso = None, None
+    ranks, streams = {None: _rank_json(None)}, {"stdout": '"stdout"', "stderr": '"stderr"'}
     parts = []
+    append = parts.append
     for seq, rank, stream, ts, text in rows:
-        if ts != last_ts:                       # a batch's lines mostly share their time
+        if ts is not last_ts and ts != last_ts:     # a batch's lines mostly share their time
             last_ts, iso = ts, _string(_iso(ts.astimezone(zone)))
-        parts.append('{"seq": %d, "rank": %s, "stream": %s, "ts": %s, "text": %s}' % (
-            seq, _rank_json(rank), _string(stream), iso, _string(text)))
+        # A batch's ranks and streams are few: each one's JSON is made once, not once a line.
+        rank_json = ranks.get(rank)
+        if rank_json is None:
+            rank_json = ranks[rank] = _rank_json(rank)
+        append(f'{{"seq": {seq:d}, "rank": {rank_json}, "stream": {streams.get(stream) or _string(stream)}, '
+               f'"ts": {iso}, "text": {_string(text)}}}')
     return _LINES_HEAD + ", ".join(parts) + "]}"
 
 

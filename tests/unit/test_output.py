@@ -19,6 +19,7 @@ from runners.output import (
     Metric,
     OutputSplitter,
     extract_metrics,
+    lines_with_metrics,
     parse_rank_failure,
     tag,
     truncation_marker,
@@ -735,6 +736,29 @@ def test_property_extract_metrics_never_raises(text):
         for metric in extract_metrics(candidate):
             assert isinstance(metric.value, float)
             assert metric.step is None or metric.step >= 0
+
+
+# Lines that hold a metric, or come close: what a follower's batch is made of.
+_METRIC_LIKE = st.one_of(
+    st.text(max_size=60),
+    st.builds(lambda head, value: f'{head}RINGMASTER_METRIC {{"step": 3, "loss": {value}}}',
+              st.sampled_from(["", "INFO: ", "RINGMASTER_METRIC"]), st.floats(allow_nan=False, allow_infinity=False)),
+    st.builds("Iter #{}: {} img/sec per GPU".format, st.integers(0, 99), st.floats(0, 1e4)),
+    st.sampled_from(["Img/sec per CPU: 5.0 +-1.0", "Total img/sec on 2 GPU(s): 9.5 +-0.5",
+                     "Train Epoch: 2 [640/30000 (2%)]\tLoss: 0.3", "Test set: Average loss: 0.1, Accuracy: 98.0%",
+                     "  Test set: Average loss: 0.1, Accuracy: 98.0%\n", "img/se", "Train Epoc", "RINGMASTER_METRIC"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_METRIC_LIKE, max_size=30))
+def test_property_lines_with_metrics_leaves_out_only_lines_without_one(texts):
+    """A follower extracts metrics only from the lines lines_with_metrics names: it must name
+    every line in which extract_metrics finds one."""
+    named = lines_with_metrics(texts)
+    assert named == sorted(set(named))
+    assert [index for index, text in enumerate(texts) if extract_metrics(text)] == \
+        [index for index in named if extract_metrics(texts[index])]
 
 
 # --------------------------------------------------------------------------------------------
