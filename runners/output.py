@@ -62,8 +62,10 @@ printed by Horovod's ``pytorch_synthetic_benchmark.py`` and ``pytorch_mnist.py``
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
+import operator
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -140,6 +142,26 @@ _GLOO_RECORD_RE = re.compile(rb"\[(" + _ID_PATTERN + rb")\]<(stdout|stderr|stddi
 
 _LAUNCHER_STREAM = "stdout"
 _STREAM_NAMES = {b"stdout": "stdout", b"stderr": "stderr", b"stddiag": "stderr"}
+# A Gloo tag as text, up to its ">:" (the digits spelled out: \d would take other scripts' digits).
+_GLOO_HEAD_RE = re.compile(r"\[([0-9]{1,%d})\]<(stdout|stderr|stddiag)" % _MAX_ID_DIGITS)
+_HEADS: dict[str, tuple] = {}              # a Gloo tag's text up to ">:" -> (rank, stream)
+_MAX_HEADS = 4096
+_MAX_HEAD_CHARS = 1 + _MAX_ID_DIGITS + len("]<stddiag")
+
+
+def _gloo_keys(heads: tuple[str, ...]) -> list[tuple | None]:
+    """(rank, stream) of each Gloo tag's text up to its ">:", or None where it is not one. A tag
+    is parsed once and remembered (a job's records carry a few hundred), and looked up with no
+    Python step per record; what is not a tag is not remembered."""
+    missing = set(heads).difference(_HEADS)
+    if missing:
+        if len(_HEADS) + len(missing) > _MAX_HEADS:
+            _HEADS.clear()
+        for head in missing:
+            if len(head) <= _MAX_HEAD_CHARS and (match := _GLOO_HEAD_RE.fullmatch(head)) is not None:
+                _HEADS[head] = (int(match[1]), _STREAM_NAMES[match[2].encode()])
+    return list(map(_HEADS.get, heads))
+
 
 _Key = tuple  # (rank: int | None, stream: str)
 _LAUNCHER_KEY: _Key = (LAUNCHER, _LAUNCHER_STREAM)
@@ -273,12 +295,17 @@ class OutputSplitter:
     # -- public API ---------------------------------------------------------------------------
 
     _fast_path = True  # whole Gloo records in one match (off: the general way only, for tests)
+    # A run of records taken at once (_run_of_records) starts with this many bytes, and twice as
+    # many each time it took all: a run that stops early has read at most that much for nothing.
+    # Below the least, the loop of _whole_records takes the records (a run costs more than a few).
+    _run_first_bytes, _run_most_bytes, _run_least_bytes = 64 << 10, 4 << 20, 2 << 10
 
     def feed(self, data: bytes) -> list[Line]:
         """Consume the next bytes; return the lines completed by them."""
         out: list[Line] = []
         raw = self._raw + bytes(data)
         start = 0
+        self._runs = True
         at_segment_start = self._at_segment_start
         search = _TERMINATOR_RE.search
         while True:
@@ -297,12 +324,18 @@ class OutputSplitter:
 
     def _whole_records(self, raw: bytes, start: int, out: list[Line]) -> int:
         """The fast path: take the whole Gloo records that follow one another from `start` on
-        (a segment's start) as lines, in one loop; returns where the first record it could not
-        take begins (the general way takes that one)."""
+        (a segment's start) as lines, many at once (_run_of_records), then in one loop; returns
+        where the first record it could not take begins (the general way takes that one)."""
+        taken = start
         record, streams, pending, limit = _GLOO_RECORD_RE.match, _STREAM_NAMES, self._pending, self._max_line_bytes
         new_line, append = tuple.__new__, out.append      # Line's own __new__ is a Python call per line
-        taken = start
+        runs = self._runs and not pending
         while (whole := record(raw, start)) is not None:
+            if runs:                                        # first, many records at once
+                runs = False
+                if (after := self._run_of_records(raw, start, out)) != start:
+                    start = after
+                    continue
             rank, stream, text = whole.groups()
             rank, stream = int(rank), streams[stream]
             if (pending and (rank, stream) in pending) or len(text) > limit or b"]<" in text:
@@ -311,6 +344,57 @@ class OutputSplitter:
             start = whole.end()
         if start != taken and self._target is not _LAUNCHER_KEY:
             self._to_launcher()
+        return start
+
+    def _run_of_records(self, raw: bytes, start: int, out: list[Line]) -> int:
+        """The whole Gloo records from `start` (where one starts) up to the first \\r, in runs of
+        _run_first_bytes and more (_records_at_once); returns where the last one taken ends. Once
+        a run stops early, the rest of this feed goes record by record (a new run at each record
+        would read the rest of the chunk again and again)."""
+        stop = raw.find(b"\r", start)
+        if stop < 0:
+            stop = len(raw)
+        size = self._run_first_bytes
+        while (end := raw.rfind(b"\n", start, min(stop, start + size))) - start >= self._run_least_bytes:
+            taken = self._records_at_once(raw, start, end, out)
+            if taken <= end:
+                self._runs = False
+                return taken
+            start, size = taken, min(size * 2, self._run_most_bytes)
+        return start
+
+    def _records_at_once(self, raw: bytes, start: int, end: int, out: list[Line]) -> int:
+        """The records of raw[start:end + 1] (each a line ending "\\n", none with "\\r") as
+        lines, up to the first one the loop of _whole_records would not take, with no Python
+        step per line: decoded in one piece (a record's text ends at its "\\n", so no byte of it
+        can join the next one's in the decoder), split at "\\n" and at each tag's ">:". Returns
+        where the last one taken ends."""
+        text = raw[start:end].decode("utf-8", "replace")
+        records = text.split("\n")
+        heads, separators, texts = zip(*map(str.partition, records, itertools.repeat(">:")))
+        keys = _gloo_keys(heads)
+        count = len(records)
+        if None in keys:
+            count = keys.index(None)
+        if "" in separators[:count]:
+            count = separators.index("")
+        # A text that holds "]<" (a tag, maybe) goes the general way. Each tag holds one "]<".
+        if count < len(records) or text.count("]<") != count:
+            holds = list(map(operator.contains, texts[:count], itertools.repeat("]<")))
+            if True in holds:
+                count = holds.index(True)
+        # Over the line limit: the loop measures those in bytes (a character is 1 to 4 of them).
+        too_long = self._max_line_bytes if text.isascii() else self._max_line_bytes // 4
+        if count and max(map(len, texts[:count])) > too_long:
+            count = next(index for index, each in enumerate(texts) if len(each) > too_long)
+        if count:
+            ranks, streams = zip(*keys[:count])
+            out.extend(map(tuple.__new__, itertools.repeat(Line),
+                           zip(ranks, streams, texts[:count], itertools.repeat(None))))
+        if count == len(records):
+            return end + 1
+        for _ in range(count):
+            start = raw.index(b"\n", start) + 1
         return start
 
     def finish(self) -> list[Line]:

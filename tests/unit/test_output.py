@@ -552,8 +552,15 @@ class GeneralSplitter(OutputSplitter):
     _fast_path = False
 
 
-def split_general(chunks, **kwargs) -> list[Line]:
-    splitter = GeneralSplitter(**kwargs)
+class SmallRunsSplitter(OutputSplitter):
+    """The splitter taking runs of records at once from a few bytes on (by default only from
+    2 KiB): so that this file's small inputs go that way too."""
+
+    _run_first_bytes, _run_most_bytes, _run_least_bytes = 24, 96, 1
+
+
+def split_general(chunks, splitter_class=GeneralSplitter, **kwargs) -> list[Line]:
+    splitter = splitter_class(**kwargs)
     lines = []
     for chunk in chunks:
         lines += splitter.feed(chunk)
@@ -563,18 +570,48 @@ def split_general(chunks, **kwargs) -> list[Line]:
 RECORDS = [tag(0, "stdout", "step 1 loss 0.5"), tag(1, "stderr", "warn [x]<y"), tag(2, "stdout", ""),
            tag(3, "stdout", "x" * 50), b"[4]<stdout>:crlf\r[4]<stdout>:\n", b"[5]<stdout>:half",
            b"[6]<stdout>:a[7]<stdout>:b\n", b"[1,8]<stdout>:mpi\n", b"[0]<stddiag>:diag\n",
-           b"Sun Nov 22 01:41:09 2026[9]<stdout>:stamped\n", b"launcher says\n", b"\r", b"\n"]
+           b"Sun Nov 22 01:41:09 2026[9]<stdout>:stamped\n", b"launcher says\n", b"\r", b"\n",
+           # what a run of whole records taken at once must decode and measure as the loop does
+           tag(0, "stdout", "ü€🙂 wide"), b"[2]<stdout>:bad \xff\xe2\x82 bytes\n", b"[3]<stderr>:a>:b <x]\n",
+           b"[4]<stdout>:\xe2\x82\n", tag(5, "stdout", "é" * 9), tag(6, "stderr", "y" * 17), b"[0012]<stdout>:lead\n",
+           b"[7]<stdout\n", b"[8]<stderr>\n", b"[9]<stdout>:" + "\u0663".encode() + b"\n"]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(st.sampled_from(RECORDS + FRAGMENTS), max_size=60), st.lists(st.integers(0, 3000), max_size=8),
        st.sampled_from([8, 16, 40, MAX_LINE_BYTES]))
 def test_property_the_fast_path_gives_exactly_the_lines_of_the_general_way(parts, cuts, max_line_bytes):
     data = b"".join(parts)
     bounds = [0, *sorted(c for c in cuts if c <= len(data)), len(data)]
     chunks = [data[a:b] for a, b in pairwise(bounds)]
-    assert split_chunks(chunks, max_line_bytes=max_line_bytes) == split_general(chunks, max_line_bytes=max_line_bytes)
+    expected = split_general(chunks, max_line_bytes=max_line_bytes)
+    assert split_chunks(chunks, max_line_bytes=max_line_bytes) == expected
+    assert split_general(chunks, SmallRunsSplitter, max_line_bytes=max_line_bytes) == expected
     assert split_all(data, max_line_bytes=max_line_bytes) == split_general([data], max_line_bytes=max_line_bytes)
+    assert split_general([data], SmallRunsSplitter, max_line_bytes=max_line_bytes) == \
+        split_general([data], max_line_bytes=max_line_bytes)
+
+
+def test_a_long_output_of_whole_records_is_taken_in_runs_as_the_general_way_reads_it():
+    """Runs (_records_at_once) of 64 KiB and more, each feed's stopped by one of: a tag in a
+    text, a launcher line, a \\r, a line over the limit; taken up again at the next feed."""
+    records = [tag(rank % 64, ("stdout", "stderr")[rank % 2], f"step {rank} loss 0.{rank} ü") for rank in range(12000)]
+    records[500] = b"[20]<stdout>:bad \xff\xe2\x82 bytes\n"
+    records[1000] = tag(3, "stderr", "a [4]<stdout>: inside")      # rank 3's next record ends its "a "
+    records[4000] = b"launcher line\n"
+    records[7000] = b"[5]<stdout>:half\r[5]<stdout>:done\n"
+    records[10000] = tag(6, "stdout", "z" * 70000)
+    data = b"".join(records)
+    cuts = [sum(map(len, records[:index])) + 5 for index in (2500, 5500, 8500)]
+    chunks = [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
+    lines = split_chunks(chunks)
+    assert lines == split_general(chunks)
+    assert lines[:500] == [Line(rank % 64, ("stdout", "stderr")[rank % 2], f"step {rank} loss 0.{rank} ü", None)
+                           for rank in range(500)]
+    assert lines[500] == Line(20, "stdout", "bad \ufffd\ufffd bytes", None)
+    assert Line(None, "stdout", "launcher line", None) in lines and Line(5, "stdout", "done", None) in lines
+    assert Line(3, "stderr", "a step 1027 loss 0.1027 ü", None) in lines
+    assert lines[-1] == Line(11999 % 64, "stderr", "step 11999 loss 0.11999 ü", None)
 
 
 def test_a_rank_with_text_pending_ends_it_before_its_next_whole_record():
