@@ -250,6 +250,41 @@ def test_a_batch_that_cannot_be_stored_fails_only_its_own_follower(make_user, im
     assert [LogLine.objects.filter(job=job).count() for job in jobs] == [100, 100, 0, 100]
 
 
+def test_a_big_round_gets_the_gil_back_sooner_and_the_worker_its_switch_interval_after(make_user, image, monkeypatch):
+    """A round of a job that printed a lot runs with a 0.5 ms switch interval (the writer is then
+    what the job's viewers wait for); small rounds, and the worker once any round ended, failed
+    ones too, keep the interval they had (0.5 ms all the time cost a worker of 500 jobs 8% more
+    CPU: BENCHMARKS.md §1)."""
+    import sys
+
+    from jobs.domain import dbpool, logbatch
+
+    seen, real_store = [], logbatch._store
+
+    def store(batches):
+        seen.append(sys.getswitchinterval())
+        return real_store(batches)
+
+    monkeypatch.setattr(logbatch, "_store", store)
+    default = sys.getswitchinterval()
+    job = running_job(make_user, image, follower="host:1:big")
+    big = b"".join(b"[%d]<stdout>:line %d\n" % (i % 8, i) for i in range(logbatch.BIG_ROUND_LINES))
+    small = CHUNK
+    try:
+        lines, state = lines_of(small)
+        assert logbatch.append(job.pk, lines, 0, len(small), state, follower="host:1:big")
+        lines, state = lines_of(big)
+        assert logbatch.append(job.pk, lines, len(small), len(small) + len(big), state, follower="host:1:big")
+        with pytest.raises(TypeError):          # a splitter state that is not JSON: the round fails
+            logbatch.append(job.pk, lines, len(small) + len(big), len(small) + 2 * len(big), {"bad": {1}},
+                            follower="host:1:big")
+    finally:
+        dbpool.pool().close_all()
+    assert seen[:2] == [default, logbatch.BIG_ROUND_SWITCH_SECONDS] and set(seen[2:]) == {logbatch.BIG_ROUND_SWITCH_SECONDS}
+    assert sys.getswitchinterval() == default
+    assert LogLine.objects.filter(job=job).count() == len(CHUNK.splitlines()) + logbatch.BIG_ROUND_LINES
+
+
 def test_one_beat_keeps_every_claim_of_the_process_fresh_and_tells_each_follower_what_changed(make_user, image):
     """The worker's heartbeat refreshes the claims its followers hold, all in one beat, and
     tells each follower whether its claim still holds and whether its job was cancelled; a claim
