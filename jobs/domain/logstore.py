@@ -46,7 +46,7 @@ def _copy_text(text):
 
 def _copy_texts_of(texts):
     """`texts` as COPY text values: asked once of their join, as a batch's lines mostly need no
-    escape (a test per line cost the 64-rank benchmark's writer two thirds of its formatting)."""
+    escape (a test per line cost the 64-rank benchmark's follower two thirds of its COPY formatting)."""
     return list(map(_copy_text, texts)) if _needs_copy_escape("".join(texts)) else texts
 
 
