@@ -49,7 +49,8 @@ def test_stored_lines_points_and_failure_are_what_each_line_says(image, script, 
     stored = list(LogLine.objects.filter(job=job, seq__gte=first).order_by("seq")
                   .values_list("seq", "rank", "stream", "ts", "text"))
     assert [(seq, rank, stream, text) for seq, rank, stream, _, text in stored] == [
-        (first + index, line.rank, line.stream, line.text.replace("\x00", "\ufffd")) for index, line in enumerate(lines)]
+        (first + index, line.rank, line.stream, line.text.replace("\x00", "\ufffd"))
+        for index, line in enumerate(lines)]
     for (_, _, _, ts, _), line in zip(stored, lines):
         if line.ts is None:
             assert started - timezone.timedelta(seconds=1) <= ts <= ended
