@@ -631,6 +631,11 @@ def _mnist_metrics(text: str) -> list[Metric] | None:
     return None
 
 
+# What a line must hold for extract_metrics to find a metric in it, besides METRIC_PREFIX: a word
+# of each example's line (_BENCH_*_RE, _MNIST_*_RE).
+_BENCHMARK_MARKER, _MNIST_TRAIN_MARKER, _MNIST_TEST_MARKER = _EXAMPLE_MARKERS = ("mg/sec", "Train Epoch", "Test set")
+
+
 def extract_metrics(text: str) -> list[Metric]:
     """Metrics found in one output line (the text of a :class:`Line`); never raises.
 
@@ -646,7 +651,7 @@ def extract_metrics(text: str) -> list[Metric]:
         index = text.find(METRIC_PREFIX)
         if index >= 0:
             return _json_metrics(text[index + len(METRIC_PREFIX) :])
-        if not any(marker in text for marker in _EXAMPLE_MARKERS):
+        if _BENCHMARK_MARKER not in text and _MNIST_TRAIN_MARKER not in text and _MNIST_TEST_MARKER not in text:
             return []                               # no line the parsers below read: most lines
         stripped = text.strip()
         for parser in (_benchmark_metrics, _mnist_metrics):
@@ -656,11 +661,6 @@ def extract_metrics(text: str) -> list[Metric]:
     except (ValueError, OverflowError):
         pass
     return []
-
-
-# What a line must hold for extract_metrics to find a metric in it, besides METRIC_PREFIX: a word
-# of each example's line (_BENCH_*_RE, _MNIST_*_RE).
-_EXAMPLE_MARKERS = ("mg/sec", "Train Epoch", "Test set")
 
 
 def lines_with_metrics(texts: list[str]) -> list[int]:

@@ -367,6 +367,14 @@ def alice(make_user):
 
 
 @pytest.fixture
+def script(alice):
+    """An uploaded script of alice's (a module may define its own)."""
+    from jobs.models import Script
+
+    return Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=10, content="print(1)\n")
+
+
+@pytest.fixture
 def api_client(make_user):
     """An API client for a fresh user with a token: client(user) -> requests.Session-like."""
     from rest_framework.authtoken.models import Token

@@ -13,11 +13,6 @@ def client(api_client, alice):
     return api_client(alice)
 
 
-@pytest.fixture
-def script(alice):
-    return Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=10, content="print(1)\n")
-
-
 def post_job(client, **data):
     return client.post("/api/jobs/", data, format="json")
 

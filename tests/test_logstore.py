@@ -2,15 +2,14 @@
 line ends: COPY's escapes), each line's time, rank and seq, the metric points extract_metrics
 finds in each line, and the first rank failure the launcher reports. logstore.prepare makes a
 batch column by column and escapes it once per batch; this checks it against the database."""
-from datetime import datetime
+from datetime import datetime, timedelta
 
-import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.domain.logstore import append_output
-from jobs.models import Job, LogLine, MetricPoint, Script
+from jobs.models import Job, LogLine, MetricPoint
 from runners.output import Line, extract_metrics, parse_rank_failure
 
 TEXTS = st.one_of(
@@ -20,11 +19,6 @@ TEXTS = st.one_of(
                      'RINGMASTER_METRIC {"na\\u0000me\\t\\\\": 2}', "Iter #7: 81.5 img/sec per GPU",
                      "Process 3 exit with status code 2.", "Process 1 exit with status code 9."]),
 )
-
-
-@pytest.fixture
-def script(alice):
-    return Script.objects.create(owner=alice, name="train.py", sha256="0" * 64, size=10, content="print(1)\n")
 
 
 LINES = st.lists(st.builds(
@@ -53,7 +47,7 @@ def test_stored_lines_points_and_failure_are_what_each_line_says(image, script, 
         for index, line in enumerate(lines)]
     for (_, _, _, ts, _), line in zip(stored, lines):
         if line.ts is None:
-            assert started - timezone.timedelta(seconds=1) <= ts <= ended
+            assert started - timedelta(seconds=1) <= ts <= ended
         else:
             assert ts == timezone.make_aware(line.ts)
     unstamped = {ts for (_, _, _, ts, _), line in zip(stored, lines) if line.ts is None}
