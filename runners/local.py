@@ -9,7 +9,8 @@ Where bubblewrap is installed, a job runs in a sandbox (runners.sandbox) that hi
 processes, data folder and secrets from it.
 
 A follower reads `output.log` as it grows and sleeps on inotify between writes (WriteWatch): a
-line reaches it as soon as a rank prints it, and an idle job costs no 20 ms polling.
+line reaches it as soon as a rank prints it, and an idle job costs no 20 ms polling. The
+launcher's end wakes it too (a pidfd, LauncherWatch), so a quiet job is not looked at in between.
 
 Every process of a job carries RINGMASTER_JOB_DIR (its folder) in its environment. cancel() uses
 it to find and kill all of them, including ranks that horovodrun moved into process groups of
@@ -17,6 +18,7 @@ their own, and never another portal's job of the same number.
 """
 import fcntl
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -41,8 +43,12 @@ JOB_MARKER = JOB_DIR_MARKER
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
 # A follower of a job that prints nothing wakes this often (Waiting: cancel, time limit, resize;
-# and is horovodrun still alive?): what a launcher killed without an exit code costs to notice.
+# and is horovodrun still alive?) where the kernel cannot tell it that the launcher ended (no
+# pidfd): what a launcher killed without an exit code costs to notice.
 IDLE_WAKE_SECONDS = 0.25
+# With a pidfd the end wakes the follower itself: its Waiting asks for no wake of the runner's
+# own (the follower still looks at its heartbeat's news every few seconds, jobs.domain.follow).
+QUIET_WAIT_SECONDS = 60.0
 WRAPPER = EXIT_CODE_WRAPPER
 
 
@@ -143,14 +149,6 @@ class LocalRunner(Runner):
         if spec.bound:
             _replace(directory / GPU_MAP_FILE, spec.gpu_map(["localhost"]) + "\n")
 
-    def _launcher_alive(self, directory):
-        try:
-            pid, created = (directory / "pid").read_text().split()
-            process = psutil.Process(int(pid))
-            return process.create_time() == float(created) and process.status() != psutil.STATUS_ZOMBIE
-        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
-            return False
-
     def _exit_code(self, directory):
         try:
             return int((directory / "exit_code").read_text().strip())
@@ -165,7 +163,8 @@ class LocalRunner(Runner):
                 yield Exited(None, "the job was never started on this machine")
                 return
             yield Waiting(seconds=self.poll_interval)
-        with open(log_path, "rb") as log, WriteWatch(directory, self.poll_interval) as watch:
+        with open(log_path, "rb") as log, WriteWatch(directory, self.poll_interval) as watch, \
+                LauncherWatch(directory) as launcher:
             log.seek(offset)
             while True:
                 data = log.read(READ_CHUNK)
@@ -174,8 +173,9 @@ class LocalRunner(Runner):
                     offset += len(data)
                     continue
                 code = self._exit_code(directory)
-                if code is None and self._launcher_alive(directory):
-                    yield watch.waiting(self.idle_wake)
+                if code is None and launcher.alive():
+                    # Where its end wakes the wait, nothing is left to look at until then.
+                    yield watch.waiting(QUIET_WAIT_SECONDS if watch.wakes_on(launcher.fd) else self.idle_wake)
                     watch.drain()
                     continue
                 # Ended: the exit code is written after the last output, so one more read drains.
@@ -191,19 +191,15 @@ class LocalRunner(Runner):
                     yield Exited(code, f"horovodrun exited with code {code}")
                 return
 
+    def _marker(self, spec):
+        return str(self.job_dir(spec).resolve())
+
     def _processes(self, spec):
-        """Every live process of this job: the launcher's group and everything with the marker."""
-        found = {}
-        marker = str(self.job_dir(spec).resolve())
-        for process in psutil.process_iter(["pid", "status"]):
-            if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
-                continue
-            try:
-                if process.environ().get(JOB_MARKER) == marker:
-                    found[process.pid] = process
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return list(found.values())
+        """Every live process of this job: everything with the marker."""
+        marker = self._marker(spec)
+        return [process for process in psutil.process_iter(["pid", "status"])
+                if process.info["status"] != psutil.STATUS_ZOMBIE and process.pid != os.getpid()
+                and _marked(process, marker)]
 
     def system_probe(self, spec):
         return LocalProbe(self, spec)
@@ -239,13 +235,15 @@ class WriteWatch:
     """What to wait on until a file in a job's folder is written or renamed into it (output.log
     grows, the exit code appears), or a timeout passes: inotify on the folder, set up before the
     first read so no write between a read and the wait is missed (its descriptor stays readable
-    until drained). Where inotify cannot be had (the user's max_user_instances used up), waits
-    `fallback` seconds at a time, as polling did."""
+    until drained), and the launcher's end where wakes_on() is given its pidfd (the two under
+    one epoll descriptor, as a follow waits on one). Where inotify cannot be had (the user's
+    max_user_instances used up), waits `fallback` seconds at a time, as polling did."""
 
     MASK = inotify_flags.MODIFY | inotify_flags.MOVED_TO | inotify_flags.CLOSE_WRITE
 
     def __init__(self, directory, fallback):
         self.fallback = fallback
+        self.epoll, self.also = None, set()
         try:
             self.inotify = INotify()
         except OSError:
@@ -256,11 +254,24 @@ class WriteWatch:
         except OSError:
             self.close()
 
+    def wakes_on(self, fd):
+        """Whether a wait also ends once `fd` is readable (None: no descriptor to add)."""
+        if fd is None or self.inotify is None:
+            return False
+        if fd not in self.also:
+            if self.epoll is None:
+                self.epoll = select.epoll()
+                self.epoll.register(self.inotify.fileno(), select.EPOLLIN)
+            self.epoll.register(fd, select.EPOLLIN)
+            self.also.add(fd)
+        return True
+
     def waiting(self, timeout):
-        """The Waiting of a follow until the folder is written, or `timeout` passes."""
+        """The Waiting of a follow until the folder is written (or a descriptor given to
+        wakes_on is readable), or `timeout` passes."""
         if self.inotify is None:
             return Waiting(seconds=min(self.fallback, timeout))
-        return Waiting(seconds=timeout, fd=self.inotify.fileno())
+        return Waiting(seconds=timeout, fd=(self.epoll or self.inotify).fileno())
 
     def drain(self):
         """Forget the writes seen so far (read after this: a later write wakes the next wait)."""
@@ -268,9 +279,59 @@ class WriteWatch:
             self.inotify.read(timeout=0)
 
     def close(self):
+        if self.epoll is not None:
+            self.epoll.close()
+            self.epoll = None
         if self.inotify is not None:
             self.inotify.close()
             self.inotify = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LauncherWatch:
+    """Whether the job's launcher (its `pid` file: pid and start time) still runs, and once it
+    is known to, a pidfd of it (`fd`): readable when it ends, so that a follower of a quiet job
+    is woken by the end itself instead of looking every IDLE_WAKE_SECONDS. Without pidfds (Linux
+    before 5.3, a seccomp filter that refuses pidfd_open) it reads the pid file and /proc each
+    time it is asked, as the follower did before."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.fd = None
+
+    def alive(self):
+        if self.fd is not None:
+            poll = select.poll()
+            poll.register(self.fd, select.POLLIN)
+            return not poll.poll(0)                 # readable: it has ended
+        try:
+            pid, created = (self.directory / "pid").read_text().split()
+            process = psutil.Process(int(pid))
+            if process.create_time() != float(created) or process.status() == psutil.STATUS_ZOMBIE:
+                return False
+        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
+            return False
+        try:
+            fd = os.pidfd_open(process.pid)
+        except OSError:
+            return True
+        # Its pid may have been taken by another process between the look above and the open:
+        # the descriptor is the launcher's only if the process there still started when it did.
+        if process.is_running():
+            self.fd = fd
+        else:
+            os.close(fd)
+        return True
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self):
         return self
@@ -286,6 +347,41 @@ def _replace(path, text):
     tmp.rename(path)
 
 
+def _marked(process, marker):
+    """Whether `process` is one of the job's: its environment names the job's folder."""
+    try:
+        return process.environ().get(JOB_MARKER) == marker
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+class MarkedProcesses:
+    """A job's processes, looked for again and again (its telemetry, every few seconds): each
+    process's environment is read once, when it is first seen, not at every look. Reading every
+    environment of the machine was most of what a follower cost while its job trained quietly
+    (BENCHMARKS.md §14). Called: the job's processes now, zombies and the ended among them
+    included (the caller skips those). A pid is forgotten once it is gone from /proc; for it to
+    name another process at the next look, the kernel would have to hand out every pid between."""
+
+    def __init__(self, marker):
+        self.marker = marker
+        self.seen = {}                  # pid -> its psutil.Process if it is the job's, else None
+
+    def __call__(self):
+        seen, me = {}, os.getpid()
+        for pid in psutil.pids():
+            if pid in self.seen:
+                seen[pid] = self.seen[pid]
+            elif pid != me:
+                try:
+                    process = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    continue
+                seen[pid] = process if _marked(process, self.marker) else None
+        self.seen = seen
+        return [process for process in seen.values() if process is not None]
+
+
 class LocalProbe:
     """This machine as a job sees it: its GPUs (nvidia-smi, only the job's indices), or the CPU
     and memory of its processes (psutil) when it owns no GPUs."""
@@ -295,6 +391,7 @@ class LocalProbe:
     def __init__(self, runner, spec):
         self.runner, self.spec = runner, spec
         self.rate = telemetry.CpuRate()
+        self.processes = MarkedProcesses(runner._marker(spec))
 
     def sample(self):
         if self.spec.bound:
@@ -303,9 +400,11 @@ class LocalProbe:
                 raise gpus.GpuQueryError(f"{self.runner.nvidia_smi} is gone")
             return telemetry.gpu_samples(self.HOST, gpus.parse_samples(out))
         cpu_seconds, rss = 0.0, 0
-        for process in self.runner._processes(self.spec):
+        for process in self.processes():
             try:
                 with process.oneshot():
+                    if process.status() == psutil.STATUS_ZOMBIE:
+                        continue
                     times = process.cpu_times()
                     cpu_seconds += times.user + times.system
                     rss += process.memory_info().rss

@@ -1,5 +1,7 @@
 """The local runner with real horovodrun: argv stays argv, and the portal's secrets stay out."""
 import json
+import os
+import signal
 import sys
 import time
 
@@ -78,8 +80,8 @@ def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
 
 
 def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_ends(tmp_path):
-    """inotify, not a timer: while the job is quiet the follow waits on inotify's descriptor (5 s
-    at most, not the 20 ms poll it replaced), which stays quiet for a quiet second, yet a printed
+    """inotify, not a timer: while the job is quiet the follow waits on a descriptor (5 s or
+    longer, not the 20 ms poll it replaced), which stays quiet for a quiet second, yet a printed
     line and the end arrive well within a second."""
     from dataclasses import replace
 
@@ -98,7 +100,7 @@ def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_en
             if b"up" in seen:
                 break
         waiting = next(events)
-        assert isinstance(waiting, Waiting) and waiting.fd is not None and waiting.seconds == 5, waiting
+        assert isinstance(waiting, Waiting) and waiting.fd is not None and waiting.seconds >= 5, waiting
         quiet = time.monotonic()
         wait_out(replace(waiting, seconds=1.0))
         assert time.monotonic() - quiet >= 0.95, "the follow was woken while the job printed nothing"
@@ -116,3 +118,64 @@ def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_en
         assert event.code == 0 and time.monotonic() - touched < 2.0
     finally:
         runner.cancel(spec)                        # a failed check leaves no rank waiting for 'go'
+
+
+def test_a_launcher_killed_without_an_exit_code_wakes_its_quiet_follower_at_once(tmp_path):
+    """The launcher killed (SIGKILL: no exit code written) while its job prints nothing: its end
+    wakes the follow's wait (a pidfd), which asked for no look of its own for half a minute, and
+    the follow ends at once saying that horovodrun reported no exit code."""
+    from runners.base import Exited, Waiting, wait_out
+
+    spec = JobSpec(job_id=424251, gpus=1, python=sys.executable, script_name="s.py", script_path=None,
+                   script_content="import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    runner = LocalRunner(tmp_path, idle_wake=30)
+    runner.launch(spec)
+    try:
+        events = runner.follow(spec, 0)
+        seen = b""
+        for event in waited(events):
+            seen += event.data if isinstance(event, Output) else b""
+            if b"up" in seen:
+                break
+        waiting = next(events)
+        assert isinstance(waiting, Waiting) and waiting.seconds >= 30, waiting
+        os.kill(int((runner.job_dir(spec) / "pid").read_text().split()[0]), signal.SIGKILL)
+        killed = time.monotonic()
+        wait_out(waiting)
+        assert time.monotonic() - killed < 1.0, "the launcher's end did not wake the follow"
+        ended = next(event for event in waited(events) if isinstance(event, Exited))
+        assert ended.code is None and "without reporting an exit code" in ended.detail, ended
+    finally:
+        runner.cancel(spec)                        # its rank, left behind by the killed launcher
+
+
+def test_a_jobs_processes_are_found_as_they_come_and_go_and_never_another_jobs(tmp_path):
+    """What a job's CPU and memory telemetry sums, looked for again and again: the processes
+    marked with its folder, those started since the last look among them, those ended left out,
+    and never a process of another job (a folder that starts the same) or of none."""
+    import subprocess
+
+    from runners.local import JOB_MARKER, MarkedProcesses
+
+    marker = str(tmp_path / "rm-x-7")
+    started = []
+
+    def start(mark):
+        env = {k: v for k, v in os.environ.items() if k != JOB_MARKER}
+        env.update({JOB_MARKER: mark} if mark else {})
+        started.append(subprocess.Popen(["sleep", "120"], env=env))
+        return started[-1].pid
+
+    first, _, _ = start(marker), start(marker + "0"), start(None)
+    look = MarkedProcesses(marker)
+    try:
+        assert [p.pid for p in look()] == [first]
+        second = start(marker)
+        assert sorted(p.pid for p in look()) == sorted([first, second])
+        started[0].kill()
+        started[0].wait()
+        assert [p.pid for p in look()] == [second]
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
