@@ -16,11 +16,12 @@ import os
 import queue
 import threading
 
+import weakref
+
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer
-from channels_redis.utils import create_pool
-from redis.asyncio import Redis
+from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_SECONDS = 10
@@ -148,7 +149,14 @@ def publish_many(messages):
             publish(job_id, message)
         return
     if isinstance(layer, RedisPubSubChannelLayer):
-        _run_on_loop(_publish_pipelined(layer, messages), len(messages))
+        publisher = _pipeline_publisher(layer)
+        if publisher is None:           # sharded over several hosts: one by one, as the layer does
+            _run_on_loop(_publish_one_by_one(layer, messages), len(messages))
+            return
+        try:
+            publisher(messages)
+        except Exception:               # viewers resync from the database
+            log.warning("could not notify viewers of %d jobs", len(messages), exc_info=True)
         return
 
     async def send(share):              # one sender's share, one message after another
@@ -187,22 +195,37 @@ def _run_on_loop(coroutine, count):
 # The layer publishes one message at a time, each a round trip to Redis under its connection's
 # lock: a round of 1,000 followed jobs' pushes kept the announcement loop busy for a quarter of
 # the worker's interpreter time. With one Redis host, the same PUBLISH commands (the layer's own
-# channel names and serializer) go out in one pipeline instead.
+# channel names and serializer) go out in one pipeline instead, sent by the calling thread (the
+# announcer) with a plain Redis client: handed to the announcement loop, a training job's line a
+# round cost the loop's wake-up and redis.asyncio's pipeline, about as much of the worker's CPU
+# as storing the line (BENCHMARKS.md §14).
 
-_pipeline_clients = {}                  # announcement loop -> its Redis client
+_publishers = weakref.WeakKeyDictionary()   # layer -> (process id, its publisher or None: sharded)
 
 
-async def _publish_pipelined(layer, messages):
-    loop_layer = layer._get_layer()
-    if len(loop_layer._shards) != 1:    # sharded over several hosts: one by one, as the layer does
-        for job_id, message in messages:
-            await layer.group_send(group_name(job_id), message)
-        return
-    loop = asyncio.get_running_loop()
-    client = _pipeline_clients.get(loop)
-    if client is None:
-        client = _pipeline_clients[loop] = Redis(connection_pool=create_pool(loop_layer._shards[0].host))
-    async with client.pipeline(transaction=False) as pipe:
-        for job_id, message in messages:
-            pipe.publish(loop_layer._get_group_channel_name(group_name(job_id)), layer.serialize(message))
-        await pipe.execute()
+def _pipeline_publisher(layer):
+    """A function that publishes [(job id, message)] in one pipeline, or None where the layer
+    spreads its groups over several Redis hosts (or names one by sentinels)."""
+    known = _publishers.get(layer)
+    if known is None or known[0] != os.getpid():    # first use, or again after a fork
+        names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)  # no loop needed
+        host = dict(names._shards[0].host)
+        if len(names._shards) != 1 or "address" not in host:
+            known = (os.getpid(), None)
+        else:
+            client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(host.pop("address"), **host))
+
+            def publish_pipelined(messages):
+                with client.pipeline(transaction=False) as pipe:
+                    for job_id, message in messages:
+                        pipe.publish(names._get_group_channel_name(group_name(job_id)), layer.serialize(message))
+                    pipe.execute()
+
+            known = (os.getpid(), publish_pipelined)
+        _publishers[layer] = known
+    return known[1]
+
+
+async def _publish_one_by_one(layer, messages):
+    for job_id, message in messages:
+        await layer.group_send(group_name(job_id), message)
