@@ -16,7 +16,8 @@ TEXTS = st.one_of(
     st.text(max_size=40),
     st.text(alphabet="a\t\\\x00\n\r é", max_size=12),
     st.sampled_from(['RINGMASTER_METRIC {"step": 4, "loss": 0.25, "acc": 0.5}', 'RINGMASTER_METRIC {"lr": 1e-3}',
-                     'RINGMASTER_METRIC {"na\\u0000me\\t\\\\": 2}', "Iter #7: 81.5 img/sec per GPU",
+                     'RINGMASTER_METRIC {"na\\u0000me\\t\\\\": 2}', 'RINGMASTER_METRIC {"\\ud800lr": 3}',
+                     "Iter #7: 81.5 img/sec per GPU",
                      "Process 3 exit with status code 2.", "Process 1 exit with status code 9."]),
 )
 
@@ -34,9 +35,32 @@ LINES = st.lists(st.builds(
 @given(before=LINES, lines=LINES)
 def test_stored_lines_points_and_failure_are_what_each_line_says(image, script, alice, before, lines):
     job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)
-    assert append_output(job.pk, before, 0, 10, {})          # seqs go on from the batch before
+    assert_stored_as_each_line_says(append_output, job, before, lines)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=LINES, lines=LINES)
+def test_the_workers_group_writer_stores_what_each_line_says(transactional_db, image, script, alice, before, lines):
+    """The same through the worker's group writer, as followers store (the batch prepared under
+    the job's row lock, the job's seq, offset and splitter state in the round's one UPDATE)."""
+    from jobs.domain import dbpool, logbatch
+
+    job = Job.objects.create(owner=alice, image=image, gpus=1, script=script, time_limit_minutes=5)
+    try:
+        assert_stored_as_each_line_says(logbatch.append, job, before, lines)
+    finally:
+        dbpool.pool().close_all()           # the test database is dropped at the end of the session
+
+
+def stored_name(name):
+    """A metric's name as stored: NUL replaced, a lone surrogate (JSON's "\\ud800") made "?"."""
+    return name.replace("\x00", "\ufffd").encode("utf-8", "replace").decode()
+
+
+def assert_stored_as_each_line_says(store, job, before, lines):
+    assert store(job.pk, before, 0, 10, {})                  # seqs go on from the batch before
     started = timezone.now()
-    assert append_output(job.pk, lines, 10, 20, {})
+    assert store(job.pk, lines, 10, 20, {"at": 20})
     ended = timezone.now()
 
     first = len(before)
@@ -57,9 +81,10 @@ def test_stored_lines_points_and_failure_are_what_each_line_says(image, script, 
                   .values_list("seq", "rank", "step", "name", "value"))
     assert points == [
         (first + index, line.rank, first + index if metric.step is None else metric.step,
-         metric.name.replace("\x00", "\ufffd"), metric.value)
+         stored_name(metric.name), metric.value)
         for index, line in enumerate(lines) for metric in extract_metrics(line.text.replace("\x00", "\ufffd"))]
 
     job.refresh_from_db()
     failures = [parse_rank_failure(line.text) for line in before + lines if line.rank is None]
     assert (job.failed_rank, job.exit_code) == next(filter(None, failures), (None, None))
+    assert (job.next_seq, job.output_offset, job.output_state) == (len(before) + len(lines), 20, {"at": 20})
