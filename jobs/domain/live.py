@@ -4,7 +4,9 @@ Everything is stored before it is announced; a viewer that misses an announcemen
 from the database with ?since=<seq>.
 
 Announcements come from sync code (the follower's on-commit hooks, state transitions). With
-Redis they run on one event loop per process, kept in a background thread, so the channel
+Redis's pub/sub layer (the default with Redis) the calling thread PUBLISHes them itself through
+one plain Redis client per process, in the layer's channel names and serializer. Other Redis
+layers run them on one event loop per process, kept in a background thread, so the channel
 layer's Redis connections are reused: async_to_sync would start a new loop, and with it a new
 Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
 The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
@@ -50,6 +52,9 @@ def publish(job_id, message):
     """Send one message to the job's viewers (a viewer's trouble never fails the sender)."""
     layer = get_channel_layer()
     if layer is None:
+        return
+    if isinstance(layer, RedisPubSubChannelLayer):
+        publish_many([(job_id, message)])   # the calling thread sends it (no hop to the loop)
         return
     future = None
     try:
