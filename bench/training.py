@@ -12,6 +12,10 @@ On this machine the ranks run on CPUs (no GPU is lent): each "GPU" is one CPU pr
 (unless --no-pin) rank i is pinned to CPU i, so ranks neither migrate nor share a core with
 each other: what varies between runs is what else runs beside them. Besides each run's total,
 every rank's per-iteration img/s is kept: their medians per run give the ratio a second reading.
+What the portal costs is printed beside the ratio: the CPU of the Celery worker, uvicorn, and
+PostgreSQL+Redis (every such process of the machine) while the portal's job ran and while the
+direct run ran (when the portal only idles), as a share of one core; the difference is what
+following the job costs (this benchmark's own wait for the job's end, a query every 0.5 s, in it).
 
     .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10] [--no-pin]
                                        [--embedded]
@@ -110,7 +114,8 @@ def main():
     user, token = common.bench_user()
     common.bench_image()
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
-    results = {"portal": [], "direct": [], "portal_iter": [], "direct_iter": [], "worker_cpu": [], "web_cpu": []}
+    results = {"portal": [], "direct": [], "portal_iter": [], "direct_iter": []}
+    cpu = {kind: {"worker": [], "web": [], "db": []} for kind in ("portal", "direct")}
     with common.Services() as services:
         session = common.api_session(services.web(), token)
         web = services.started[-1]
@@ -118,14 +123,14 @@ def main():
         script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, script.encode())})["id"]
         for pair, kinds in enumerate(order):
             for kind in kinds:
+                before = common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds()
                 if kind == "portal":
-                    before = common.cpu_seconds(worker), common.cpu_seconds(web)
                     value, per_iter, seconds = portal_run(session, script_id, script_args, args.gpus)
-                    cpu = [common.cpu_seconds(worker) - before[0], common.cpu_seconds(web) - before[1]]
-                    results["worker_cpu"].append(cpu[0] / seconds)
-                    results["web_cpu"].append(cpu[1] / seconds)
                 else:
                     value, per_iter, seconds = direct_run(spec, runner, runner.job_dir(spec))
+                after = common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds()
+                for name, start, end in zip(("worker", "web", "db"), before, after):
+                    cpu[kind][name].append((end - start) / seconds)
                 results[kind].append(value)
                 results[f"{kind}_iter"].append(per_iter)
                 print(f"pair {pair + 1}, {kind:>6}: {value:8.1f} img/s total, per rank and iteration median "
@@ -141,13 +146,29 @@ def main():
     iter_ratio = common.median(results["portal_iter"]) / common.median(results["direct_iter"])
     print(f"per rank and iteration, ratio of the medians of the runs' medians: {iter_ratio:.3f} (pairs: "
           f"{', '.join(f'{p / d:.3f}' for p, d in zip(results['portal_iter'], results['direct_iter']))})")
-    print(f"portal's own CPU while a job ran: Celery worker {common.median(results['worker_cpu']) * 100:.1f}% of a core "
-          f"(the follower), uvicorn {common.median(results['web_cpu']) * 100:.1f}% (median over runs)")
+    share = {kind: {name: common.median(values) * 100 for name, values in shares.items()} for kind, shares in cpu.items()}
+    for kind, label in (("portal", "while the portal's job ran"), ("direct", "while horovodrun ran directly")):
+        print(f"portal's own CPU {label}: Celery worker {share[kind]['worker']:.2f}%, uvicorn {share[kind]['web']:.2f}%, "
+              f"PostgreSQL+Redis {share[kind]['db']:.2f}% of a core (medians over runs)")
+    cost = sum(share["portal"].values()) - sum(share["direct"].values())
+    print(f"what following the job costs (portal runs less direct runs, all three): {cost:.2f}% of a core")
     low, high = ratio_interval(results["portal"], results["direct"])
     print(f"95% bootstrap interval of the ratio of the medians (pairs resampled): {low:.3f}-{high:.3f}: "
           + ("resolves the goal" if low >= GOAL or high < GOAL else f"too wide to tell {GOAL} from the ratio"))
     print(f"RESULT training ratio (portal / direct) = {ratio:.3f} (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")
     print(f"machine at the end: {common.machine()}")
+
+
+def database_cpu_seconds():
+    """CPU time used so far by every PostgreSQL and Redis process of this machine (the portal's
+    statements and publishes run there; between runs only their own housekeeping)."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        if (process.info["name"] or "").startswith(("postgres", "redis-server")) and process.info["cpu_times"]:
+            total += process.info["cpu_times"].user + process.info["cpu_times"].system
+    return total
 
 
 def ratio_interval(portal, direct, resamples=10_000, seed=0):
