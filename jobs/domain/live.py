@@ -17,7 +17,6 @@ import logging
 import os
 import queue
 import threading
-
 import weakref
 
 import redis
