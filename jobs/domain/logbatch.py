@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import threading
+import weakref
 
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
@@ -220,6 +221,29 @@ def _store(batches):
 
 # The two statements of every round are made once, not in each round: a round of one job's one
 # line (a training job's progress line) spent a quarter of its interpreter time compiling them.
+# And they are prepared once on each connection (PREPARE, then EXECUTE each round): PostgreSQL
+# parsed and planned both again in every round, a third of its CPU for a one-line round
+# (1.25-1.30 ms -> 0.85-0.95 ms; BENCHMARKS.md §14). Their parameters are arrays, so one prepared
+# statement serves a round of any number of jobs.
+
+_prepared_on = weakref.WeakKeyDictionary()      # DB-API connection -> names of the statements prepared on it
+
+
+def _execute_prepared(cursor, name, types, statement, params):
+    """Run `statement` (with a %s placeholder for each of `params`, of PostgreSQL `types`) as the
+    prepared statement `name` of the cursor's connection, prepared on the connection's first use.
+    A prepared statement lasts as long as its connection, whatever becomes of the transaction it
+    was made in. `cursor`: Django's, so that errors are Django's (a deadlock is retried)."""
+    known = _prepared_on.setdefault(cursor.db.connection, set())
+    if name not in known:
+        parts = statement.split("%s")
+        assert len(parts) == len(types) + 1, statement
+        numbered = "".join(part + (f"${number}" if number <= len(types) else "")
+                           for number, part in enumerate(parts, start=1))
+        cursor.execute(f"PREPARE {name} ({', '.join(types)}) AS {numbered}")
+        known.add(name)
+    cursor.execute(f"EXECUTE {name} ({', '.join(['%s'] * len(params))})", params)
+
 
 @functools.cache
 def _lock_statement():
@@ -234,22 +258,25 @@ def _lock_statement():
 def _lock_jobs(ids):
     """{id: HELD_FIELDS as a dict} of the jobs `ids`, their rows locked (in a transaction)."""
     with connection.cursor() as cursor:
-        cursor.execute(_lock_statement(), [sorted(ids)])
+        _execute_prepared(cursor, "ringmaster_round_lock", ["bigint[]"], _lock_statement(), [sorted(ids)])
         names = [column.name for column in cursor.description]        # the fields' names (AS ...)
         return {job["pk"]: job for job in (dict(zip(names, row)) for row in cursor.fetchall())}
+
+
+_UPDATE_COLUMNS = ("next_seq", "output_offset", "output_state", "follow_cursor", "failed_rank", "exit_code")
+_UPDATE_TYPES = ["bigint[]", "bigint[]", "bigint[]", "text[]", "text[]", "integer[]", "integer[]"]
 
 
 @functools.cache
 def _update_statement():
     table = connection.ops.quote_name(Job._meta.db_table)
-    column = {name: connection.ops.quote_name(Job._meta.get_field(name).column) for name in (
-        "next_seq", "output_offset", "output_state", "follow_cursor", "failed_rank", "exit_code")}
+    column = {name: connection.ops.quote_name(Job._meta.get_field(name).column) for name in _UPDATE_COLUMNS}
     return (
         f"UPDATE {table} AS j SET {column['next_seq']} = v.next_seq, {column['output_offset']} = v.output_offset, "
         f"{column['output_state']} = v.state::jsonb, "
         f"{column['follow_cursor']} = COALESCE(v.cursor::jsonb, j.{column['follow_cursor']}), "
         f"{column['failed_rank']} = v.failed_rank, {column['exit_code']} = v.exit_code "
-        "FROM (VALUES %s) AS v(id, next_seq, output_offset, state, cursor, failed_rank, exit_code) "
+        "FROM unnest(%s, %s, %s, %s, %s, %s, %s) AS v(id, next_seq, output_offset, state, cursor, failed_rank, exit_code) "
         f"WHERE j.{connection.ops.quote_name(Job._meta.pk.column)} = v.id")
 
 
@@ -257,14 +284,12 @@ def _update_jobs(updates):
     """One UPDATE of the stored jobs' seq, offset, splitter state, cursor and first rank failure."""
     if not updates:
         return
-    from psycopg2.extras import execute_values
-
     values = [(pk, u["next_seq"], u["output_offset"], json.dumps(u["state"]),
                None if u["cursor"] is None else json.dumps(u["cursor"]), u["failed_rank"], u["exit_code"])
               for pk, u in sorted(updates.items())]
     with connection.cursor() as cursor:
-        execute_values(cursor.cursor, _update_statement(), values,
-                       template="(%s, %s::bigint, %s::bigint, %s, %s, %s::integer, %s::integer)", page_size=len(values))
+        _execute_prepared(cursor, "ringmaster_round_update", _UPDATE_TYPES, _update_statement(),
+                          [list(column) for column in zip(*values)])
 
 
 _writer = GroupWriter()

@@ -659,3 +659,35 @@ def test_batches_handed_in_after_the_writer_ended_are_stored_by_a_new_one(make_u
         dbpool.pool().close_all()
         connection.close()
     assert LogLine.objects.filter(job=job).count() == 100
+
+
+def test_the_writer_stores_on_after_its_database_connection_is_new(make_user, image, monkeypatch):
+    """The writer's two statements are prepared once on each database connection. A connection
+    made anew (CONN_MAX_AGE passed) has none: the next round
+    prepares them again and stores, where an EXECUTE of a statement the new session does not know
+    would fail the follower."""
+    from django.db import connection
+
+    from jobs.domain import dbpool, logbatch
+
+    monkeypatch.setattr(dbpool, "_pool", dbpool.Pool(1))    # RINGMASTER_FOLLOWER_DB_CONNECTIONS=1: one connection
+    job = running_job(make_user, image, follower="host:1:me")
+    chunks = [CHUNK[:len(CHUNK) // 2], CHUNK[len(CHUNK) // 2:]]
+    splitter, offset, seq = OutputSplitter(), 0, 0
+
+    def store(chunk):
+        nonlocal offset, seq
+        lines = splitter.feed(chunk)
+        assert logbatch.append(job.pk, lines, offset, offset + len(chunk), splitter.state(), follower="host:1:me")
+        offset, seq = offset + len(chunk), seq + len(lines)
+
+    try:
+        store(chunks[0])
+        dbpool.pool().close_all()       # as when CONN_MAX_AGE has passed: the next round opens another
+        store(chunks[1])
+    finally:
+        dbpool.pool().close_all()
+        connection.close()
+    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
+    job.refresh_from_db()
+    assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
