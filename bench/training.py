@@ -16,11 +16,15 @@ What the portal costs is printed beside the ratio: the CPU of the Celery worker,
 PostgreSQL+Redis (every such process of the machine) while the portal's job ran and while the
 direct run ran (when the portal only idles), as a share of one core; the difference is what
 following the job costs (this benchmark's own wait for the job's end, a query every 0.5 s, in it).
+The same is read over the benchmark's timed windows alone (a prelude prints when they began and
+ended; the CPU readings, every 0.2 s, are interpolated there): what the portal takes while the
+job trains, the seconds whose img/s is reported, without the launch and the end.
 
     .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10] [--no-pin]
                                        [--embedded]
 """
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +44,29 @@ PIN = """import os as _os
 _cpus = sorted(_os.sched_getaffinity(0))
 _os.sched_setaffinity(0, {_cpus[int(_os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(_cpus)]})
 """
+# Put before it always: when the benchmark's timed windows began and ended. Every call of
+# timeit.timeit but the first (the warmup) is a timed window; at exit the wall-clock times of the
+# first one's start and the last one's end are printed as a metric line, so that what the portal's
+# processes used is read over the very seconds whose img/s is reported (not the launch, not the end).
+WINDOW = """import atexit as _atexit, json as _json, time as _time, timeit as _timeit
+_window = {"calls": 0}
+
+
+def _timed(*args, _timeit_timeit=_timeit.timeit, **kwargs):
+    started = _time.time()
+    elapsed = _timeit_timeit(*args, **kwargs)
+    _window["calls"] += 1
+    if _window["calls"] > 1:
+        _window.setdefault("timed_from", started)
+        _window["timed_to"] = _time.time()
+    return elapsed
+
+
+_timeit.timeit = _timed
+_atexit.register(lambda: print("RINGMASTER_METRIC " + _json.dumps(
+    {name: _window[name] for name in ("timed_from", "timed_to") if name in _window}), flush=True))
+"""
+WINDOW_METRICS = ("timed_from", "timed_to")
 
 
 def api(session, method, path, **kwargs):
@@ -60,11 +87,13 @@ def portal_run(session, script_id, args, gpus):
     points = list(MetricPoint.objects.filter(job_id=job_id, name=METRIC).values_list("value", flat=True))
     assert len(points) == 1, f"expected one {METRIC} point, got {points}"
     per_iter = list(MetricPoint.objects.filter(job_id=job_id, name=PER_ITER).values_list("value", flat=True))
-    return points[0], common.median(per_iter), (job.finished_at - job.started_at).total_seconds()
+    window = MetricPoint.objects.filter(job_id=job_id, name__in=WINDOW_METRICS).values_list("name", "value")
+    return points[0], common.median(per_iter), (job.finished_at - job.started_at).total_seconds(), timed_window(window)
 
 
 def direct_run(spec, runner, scratch):
-    """The local runner's own argv and environment, run directly; (img/s, seconds)."""
+    """The local runner's own argv and environment, run directly; (img/s, per-iteration median,
+    seconds, timed window)."""
     from runners.output import OutputSplitter, extract_metrics
 
     if scratch.exists():
@@ -85,7 +114,55 @@ def direct_run(spec, runner, scratch):
     values = [m.value for line in lines for m in extract_metrics(line.text) if m.name == METRIC]
     assert len(values) == 1, f"expected one {METRIC} line, got {values}"
     per_iter = [m.value for line in lines for m in extract_metrics(line.text) if m.name == PER_ITER]
-    return values[0], common.median(per_iter), elapsed
+    window = [(m.name, m.value) for line in lines for m in extract_metrics(line.text) if m.name in WINDOW_METRICS]
+    return values[0], common.median(per_iter), elapsed, timed_window(window)
+
+
+def timed_window(values):
+    """(from, to): the wall-clock span of every rank's timed windows, from WINDOW's (name, value)s."""
+    starts = [value for name, value in values if name == "timed_from"]
+    ends = [value for name, value in values if name == "timed_to"]
+    assert starts and ends, f"no timed window printed: {values}"
+    return min(starts), max(ends)
+
+
+class CpuLog:
+    """The CPU seconds used so far by the worker, uvicorn and the databases, read every
+    `interval` seconds in a thread of its own, so that their use over any span of a run can be
+    read afterwards (interpolated between readings)."""
+
+    def __init__(self, worker, web, interval=0.2):
+        import threading
+
+        self.readings, self._stop = [], threading.Event()
+        self._read = lambda: (time.time(), common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds())
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+
+    def __enter__(self):
+        self.readings.append(self._read())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.readings.append(self._read())
+
+    def _run(self, interval):
+        while not self._stop.wait(interval):
+            self.readings.append(self._read())
+
+    def shares(self, start, end):
+        """(worker, uvicorn, databases): each one's CPU over [start, end] as a share of one core."""
+        at_start, at_end = self._at(start), self._at(end)
+        return tuple((b - a) / (end - start) for a, b in zip(at_start, at_end))
+
+    def _at(self, moment):
+        for before, after in zip(self.readings, self.readings[1:]):
+            if before[0] <= moment <= after[0]:
+                weight = (moment - before[0]) / (after[0] - before[0]) if after[0] > before[0] else 0.0
+                return [b + (a - b) * weight for b, a in zip(before[1:], after[1:])]
+        raise ValueError(f"{moment} is outside the readings ({self.readings[0][0]}-{self.readings[-1][0]})")
 
 
 def main():
@@ -105,7 +182,7 @@ def main():
 
     script_args = ["--num-iters", str(args.num_iters), "--num-batches-per-iter", str(args.num_batches_per_iter)]
     runner = LocalRunner(common.jobs_root() / "direct")   # under the jobs folder: cleaned up at the end
-    script = (PIN if args.pin else "") + SCRIPT.read_text()
+    script = (PIN if args.pin else "") + WINDOW + SCRIPT.read_text()
     spec = JobSpec(job_id=0, gpus=args.gpus, python=common.PYTHON, script_name=SCRIPT.name,
                    script_content=script, script_path=None, args=tuple(script_args))
     common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal "
@@ -116,6 +193,7 @@ def main():
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
     results = {"portal": [], "direct": [], "portal_iter": [], "direct_iter": []}
     cpu = {kind: {"worker": [], "web": [], "db": []} for kind in ("portal", "direct")}
+    timed_cpu = {kind: {"worker": [], "web": [], "db": []} for kind in ("portal", "direct")}
     with common.Services() as services:
         session = common.api_session(services.web(), token)
         web = services.started[-1]
@@ -123,14 +201,16 @@ def main():
         script_id = api(session, "POST", "/api/scripts/", files={"file": (SCRIPT.name, script.encode())})["id"]
         for pair, kinds in enumerate(order):
             for kind in kinds:
-                before = common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds()
-                if kind == "portal":
-                    value, per_iter, seconds = portal_run(session, script_id, script_args, args.gpus)
-                else:
-                    value, per_iter, seconds = direct_run(spec, runner, runner.job_dir(spec))
-                after = common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds()
+                with CpuLog(worker, web) as cpu_log:
+                    if kind == "portal":
+                        value, per_iter, seconds, window = portal_run(session, script_id, script_args, args.gpus)
+                    else:
+                        value, per_iter, seconds, window = direct_run(spec, runner, runner.job_dir(spec))
+                (_, *before), (_, *after) = cpu_log.readings[0], cpu_log.readings[-1]
                 for name, start, end in zip(("worker", "web", "db"), before, after):
                     cpu[kind][name].append((end - start) / seconds)
+                for name, share in zip(("worker", "web", "db"), cpu_log.shares(*window)):
+                    timed_cpu[kind][name].append(share)
                 results[kind].append(value)
                 results[f"{kind}_iter"].append(per_iter)
                 print(f"pair {pair + 1}, {kind:>6}: {value:8.1f} img/s total, per rank and iteration median "
@@ -152,6 +232,15 @@ def main():
               f"PostgreSQL+Redis {share[kind]['db']:.2f}% of a core (medians over runs)")
     cost = sum(share["portal"].values()) - sum(share["direct"].values())
     print(f"what following the job costs (portal runs less direct runs, all three): {cost:.2f}% of a core")
+    timed = {kind: {name: common.median(values) * 100 for name, values in shares.items()}
+             for kind, shares in timed_cpu.items()}
+    for kind, label in (("portal", "through the portal"), ("direct", "directly")):
+        print(f"the same over the timed windows only (the seconds the img/s is of), {label}: Celery worker "
+              f"{timed[kind]['worker']:.2f}%, uvicorn {timed[kind]['web']:.2f}%, PostgreSQL+Redis {timed[kind]['db']:.2f}%")
+    timed_cost = sum(timed["portal"].values()) - sum(timed["direct"].values())
+    bound = (f" (every core a rank's: the ratio it allows is about {1 - timed_cost / 100:.3f})"
+             if args.pin and args.gpus >= os.cpu_count() else "")
+    print(f"RESULT what following the job costs while it trains = {timed_cost:.2f}% of a core{bound}")
     low, high = ratio_interval(results["portal"], results["direct"])
     print(f"95% bootstrap interval of the ratio of the medians (pairs resampled): {low:.3f}-{high:.3f}: "
           + ("resolves the goal" if low >= GOAL or high < GOAL else f"too wide to tell {GOAL} from the ratio"))
