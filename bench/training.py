@@ -248,16 +248,21 @@ def main():
     print(f"machine at the end: {common.machine()}")
 
 
+_database_processes = {}        # (pid, start time) -> its CPU seconds when last seen
+
+
 def database_cpu_seconds():
     """CPU time used so far by every PostgreSQL and Redis process of this machine (the portal's
-    statements and publishes run there; between runs only their own housekeeping)."""
+    statements and publishes run there; between runs only their own housekeeping). A process that
+    has ended counts with what it had used when last read: a connection's backend ends (when
+    CONN_MAX_AGE has passed) and its minutes of CPU must not leave the sum."""
     import psutil
 
-    total = 0.0
-    for process in psutil.process_iter(["name", "cpu_times"]):
+    for process in psutil.process_iter(["name", "cpu_times", "create_time"]):
         if (process.info["name"] or "").startswith(("postgres", "redis-server")) and process.info["cpu_times"]:
-            total += process.info["cpu_times"].user + process.info["cpu_times"].system
-    return total
+            times = process.info["cpu_times"]
+            _database_processes[process.pid, process.info["create_time"]] = times.user + times.system
+    return sum(_database_processes.values())
 
 
 def ratio_interval(portal, direct, resamples=10_000, seed=0):
