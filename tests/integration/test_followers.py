@@ -45,6 +45,13 @@ def lines_of(chunk):
     return splitter.feed(chunk), splitter.state()
 
 
+def assert_chunk_stored_once(job):
+    """CHUNK's 100 lines are the job's log, seq 0 to 99, and the job's seq and offset follow them."""
+    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
+    job.refresh_from_db()
+    assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
+
+
 def test_followers_racing_on_one_chunk_store_it_once(make_user, image):
     """Eight followers store the same output bytes at the same moment (a re-attach racing a slow
     old follower): the compare-and-set on the byte offset lets exactly one of them through."""
@@ -619,9 +626,7 @@ def test_a_batch_handed_in_for_another_seq_is_refused(make_user, image):
     finally:
         dbpool.pool().close_all()
         connection.close()
-    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
-    job.refresh_from_db()
-    assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
+    assert_chunk_stored_once(job)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")     # the writer's end
@@ -673,13 +678,13 @@ def test_the_writer_stores_on_after_its_database_connection_is_new(make_user, im
     monkeypatch.setattr(dbpool, "_pool", dbpool.Pool(1))    # RINGMASTER_FOLLOWER_DB_CONNECTIONS=1: one connection
     job = running_job(make_user, image, follower="host:1:me")
     chunks = [CHUNK[:len(CHUNK) // 2], CHUNK[len(CHUNK) // 2:]]
-    splitter, offset, seq = OutputSplitter(), 0, 0
+    splitter, offset = OutputSplitter(), 0
 
     def store(chunk):
-        nonlocal offset, seq
-        lines = splitter.feed(chunk)
-        assert logbatch.append(job.pk, lines, offset, offset + len(chunk), splitter.state(), follower="host:1:me")
-        offset, seq = offset + len(chunk), seq + len(lines)
+        nonlocal offset
+        assert logbatch.append(job.pk, splitter.feed(chunk), offset, offset + len(chunk), splitter.state(),
+                               follower="host:1:me")
+        offset += len(chunk)
 
     try:
         store(chunks[0])
@@ -688,6 +693,4 @@ def test_the_writer_stores_on_after_its_database_connection_is_new(make_user, im
     finally:
         dbpool.pool().close_all()
         connection.close()
-    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(100))
-    job.refresh_from_db()
-    assert (job.next_seq, job.output_offset) == (100, len(CHUNK))
+    assert_chunk_stored_once(job)
