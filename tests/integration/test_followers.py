@@ -668,9 +668,8 @@ def test_batches_handed_in_after_the_writer_ended_are_stored_by_a_new_one(make_u
 
 def test_the_writer_stores_on_after_its_database_connection_is_new(make_user, image, monkeypatch):
     """The writer's two statements are prepared once on each database connection. A connection
-    made anew (CONN_MAX_AGE passed) has none: the next round
-    prepares them again and stores, where an EXECUTE of a statement the new session does not know
-    would fail the follower."""
+    made anew (CONN_MAX_AGE passed) has none: the next round prepares them again and stores,
+    where an EXECUTE of a statement the new session does not know would fail the follower."""
     from django.db import connection
 
     from jobs.domain import dbpool, logbatch
