@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from jobs.models import Installation
 
 VALID = re.compile(r"[a-z0-9]{1,12}\Z")
+_last_read = None           # what installation_id() last returned in this process
 
 
 def new_ident():
@@ -18,6 +19,20 @@ def new_ident():
 
 
 def installation_id():
+    global _last_read
+    _last_read = _read()
+    return _last_read
+
+
+def last_read():
+    """The id as this process last read it (read now if it never did): for names made too often
+    to read the database each time (a followed job's live announcements), in a process that read
+    it anew when it took the job up (jobs.backends.job_spec). Only a database reset while the
+    process runs makes it stale."""
+    return _last_read or installation_id()
+
+
+def _read():
     configured = settings.RINGMASTER_INSTALLATION_ID
     if configured:
         if not VALID.match(configured):

@@ -147,7 +147,7 @@ def test_every_viewer_of_a_job_gets_each_push_and_the_receiver_goes_with_the_las
     got, groups, relays = run(scenario)
     for frames_ in got:
         assert [line["text"] for frame in frames_ for line in frame["lines"]] == [f"line {k}" for k in range(4)]
-    assert not groups.get(f"job-{job.pk}") and not relays
+    assert not groups.get(live.group_name(job.pk)) and not relays
 
 
 def test_a_viewer_shows_the_state_as_stored_whatever_order_the_pushes_came_in(layer, job, alice):

@@ -24,6 +24,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
 
+from jobs.installation import installation_id, last_read
+
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_SECONDS = 10
 
@@ -32,8 +34,11 @@ _loop_pid = None
 _loop_lock = threading.Lock()
 
 
-def group_name(job_id):
-    return f"job-{job_id}"
+def group_name(job_id, installation=None):
+    """The websocket group of a job's viewers: a Redis channel, which every Redis database of the
+    server shares, so it is named with the installation (another portal's job of the same id is
+    another group). `installation`: as last read in this process unless given."""
+    return f"job-{installation or last_read()}-{job_id}"
 
 
 def _announcer_loop():
@@ -69,6 +74,7 @@ def publish(job_id, message):
 
 
 def publish_state(job):
+    installation_id()           # a change of state is rare: the installation is read anew for it
     publish(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason})
 
 
@@ -138,6 +144,7 @@ def _announce_forever(waiting):
 
 def publish_states(jobs):
     """publish_state for many jobs at once (the scheduler's new reasons for a long queue)."""
+    installation_id()
     publish_many([(job.pk, {"type": "job.state", "state": job.state, "reason": job.reason}) for job in jobs])
 
 

@@ -15,9 +15,11 @@ import contextlib
 import logging
 from collections import deque
 
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from jobs.domain.live import group_name
+from jobs.installation import installation_id
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,9 @@ class Relay:
         self._receiving = None
 
     async def _subscribe(self):
+        self._group = group_name(self.job_id, await _installation_id())     # read anew: no stale name
         channel = await self._layer.new_channel()
-        await self._layer.group_add(group_name(self.job_id), channel)
+        await self._layer.group_add(self._group, channel)
         self._receiving = asyncio.ensure_future(self._receive(channel))
 
     async def _receive(self, channel):
@@ -65,7 +68,7 @@ class Relay:
                     log.warning("could not relay a message of job %s", self.job_id, exc_info=True)
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._layer.group_discard(group_name(self.job_id), channel))
+                await asyncio.shield(self._layer.group_discard(self._group, channel))
 
     def _deliver(self, message):
         if message.get("type") == "job.state":
@@ -108,6 +111,7 @@ class Relay:
 
 
 _relays = {}        # (event loop, job id) -> Relay
+_installation_id = database_sync_to_async(installation_id)
 
 
 async def join(job_id, viewer):

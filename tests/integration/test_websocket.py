@@ -262,6 +262,39 @@ def test_a_viewer_forwards_the_lines_a_push_carries_only_when_it_is_right_before
     assert texts(later) == ['RINGMASTER_METRIC {"step": 10, "loss": 0.5}']
 
 
+def test_a_push_for_another_portals_job_of_the_same_id_never_reaches_a_viewer(live_portal, job, alice, settings):
+    """Two installations on one Redis server (each its own database number, say) share its
+    pub/sub channels: the other's job of the same id is announced on a channel of its own."""
+    from jobs.domain import live, logwire
+    from jobs.installation import installation_id
+
+    store(job, 0, 2)                                               # seq 0..2
+    headers = token_header(alice)
+    ts = job.created_at
+
+    def announce_elsewhere():
+        settings.RINGMASTER_INSTALLATION_ID = "another"
+        installation_id()                       # read as a worker reads it when it takes a job up
+        line = (3, 0, "stdout", ts, "another portal's line")
+        live.publish_lines(job.pk, 3, 2, logwire.lines_message([line]), None)
+        settings.RINGMASTER_INSTALLATION_ID = ""
+        installation_id()                       # this portal's again
+        # Then a change here: a viewer sends the lines it has before a new state, so once the
+        # state has come, the other portal's line would have come before it.
+        Job.objects.filter(pk=job.pk).update(reason="after the other portal's push")
+        live.publish_state(Job.objects.get(pk=job.pk))
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job, since=2), additional_headers=headers) as ws:
+            got = await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            await sync_to_async(announce_elsewhere)()
+            got += await receive_until(ws, lambda m: m and m[-1].get("reason") == "after the other portal's push")
+            await sync_to_async(store)(job, 10, 1)      # seq 3..4, this portal's
+            return got + await receive_until(ws, lambda m: 4 in seqs(m))
+
+    assert texts(asyncio.run(scenario())) == ["line 10", 'RINGMASTER_METRIC {"step": 10, "loss": 0.5}']
+
+
 class _Recorded(PerMessageDeflate):
     """permessage-deflate that keeps each message as it came over the wire, still compressed."""
 
