@@ -17,13 +17,12 @@ import logging
 import os
 import queue
 import threading
-import weakref
 
-import redis
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
-from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 
+from jobs.domain import redispublish
 from jobs.installation import installation_id, last_read
 
 log = logging.getLogger(__name__)
@@ -150,8 +149,9 @@ def publish_states(jobs):
 
 def publish_many(messages):
     """[(job id, message)] sent together on the announcement loop, not one round trip to Redis
-    after another: in one pipeline with the pub/sub layer (the default with Redis), else by
-    BATCH_CONCURRENCY senders at once."""
+    after another: in one pipeline with the pub/sub layer (the default with Redis), and then
+    only the line pushes someone hears (jobs.domain.redispublish), else by BATCH_CONCURRENCY
+    senders at once."""
     layer = get_channel_layer()
     if layer is None or not messages:
         return
@@ -160,12 +160,12 @@ def publish_many(messages):
             publish(job_id, message)
         return
     if isinstance(layer, RedisPubSubChannelLayer):
-        publisher = _pipeline_publisher(layer)
+        publisher = redispublish.publisher(layer)
         if publisher is None:           # sharded over several hosts: one by one, as the layer does
             _run_on_loop(_publish_one_by_one(layer, messages), len(messages))
             return
         try:
-            publisher(messages)
+            publisher.publish([(group_name(job_id), message) for job_id, message in messages])
         except Exception:               # viewers resync from the database
             log.warning("could not notify viewers of %d jobs", len(messages), exc_info=True)
         return
@@ -200,41 +200,6 @@ def _run_on_loop(coroutine, count):
     except Exception:  # viewers resync from the database
         future.cancel()
         log.warning("could not notify viewers of %d jobs", count, exc_info=True)
-
-
-# --- many pushes in one pipeline (channels_redis's pub/sub layer) ----------------------------
-# The layer publishes one message at a time, each a round trip to Redis under its connection's
-# lock: a round of 1,000 followed jobs' pushes kept the announcement loop busy for a quarter of
-# the worker's interpreter time. With one Redis host, the same PUBLISH commands (the layer's own
-# channel names and serializer) go out in one pipeline instead, sent by the calling thread (the
-# announcer) with a plain Redis client: handed to the announcement loop, a training job's line a
-# round cost the loop's wake-up and redis.asyncio's pipeline, about as much of the worker's CPU
-# as storing the line (BENCHMARKS.md §14).
-
-_publishers = weakref.WeakKeyDictionary()   # layer -> (process id, its publisher or None: sharded)
-
-
-def _pipeline_publisher(layer):
-    """A function that publishes [(job id, message)] in one pipeline, or None where the layer
-    spreads its groups over several Redis hosts (or names one by sentinels)."""
-    known = _publishers.get(layer)
-    if known is None or known[0] != os.getpid():    # first use, or again after a fork
-        names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)  # no loop needed
-        host = dict(names._shards[0].host)
-        if len(names._shards) != 1 or "address" not in host:
-            known = (os.getpid(), None)
-        else:
-            client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(host.pop("address"), **host))
-
-            def publish_pipelined(messages):
-                with client.pipeline(transaction=False) as pipe:
-                    for job_id, message in messages:
-                        pipe.publish(names._get_group_channel_name(group_name(job_id)), layer.serialize(message))
-                    pipe.execute()
-
-            known = (os.getpid(), publish_pipelined)
-        _publishers[layer] = known
-    return known[1]
 
 
 async def _publish_one_by_one(layer, messages):

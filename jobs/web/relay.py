@@ -7,8 +7,9 @@ behind had a queue of pushes to skip. Now a job's relay receives each announceme
 the recent pushes, and wakes the job's viewers (jobs.web.consumers); a viewer that is still
 sending when more arrive is woken once for all of them and sends them as one frame.
 
-A relay subscribes before its first viewer reads the database, and lives while the job has a
-viewer in this process.
+A relay subscribes before its first viewer reads the database, then says that it relays the job
+(a worker leaves out the pushes of jobs nobody watches), and lives while the job has a viewer in
+this process.
 """
 import asyncio
 import contextlib
@@ -19,6 +20,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from jobs.domain.live import group_name
+from jobs.domain.redispublish import watching_group
 from jobs.installation import installation_id
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,16 @@ class Relay:
         self._receiving = None
 
     async def _subscribe(self):
-        self._group = group_name(self.job_id, await _installation_id())     # read anew: no stale name
+        installation = await _installation_id()         # read anew: no stale name
+        self._group = group_name(self.job_id, installation)
         channel = await self._layer.new_channel()
         await self._layer.group_add(self._group, channel)
+        # Subscribed, and the viewer has not read the database yet: a worker that left the job's
+        # pushes out while nobody watched sends them from now on (jobs.domain.audience).
+        try:
+            await self._layer.group_send(watching_group(installation), {"type": "job.watched", "group": self._group})
+        except Exception:           # its pushes come again within audience.PROBE_SECONDS
+            log.warning("could not say that job %s is watched", self.job_id, exc_info=True)
         self._receiving = asyncio.ensure_future(self._receive(channel))
 
     async def _receive(self, channel):

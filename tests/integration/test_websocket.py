@@ -295,6 +295,46 @@ def test_a_push_for_another_portals_job_of_the_same_id_never_reaches_a_viewer(li
     assert texts(asyncio.run(scenario())) == ["line 10", 'RINGMASTER_METRIC {"step": 10, "loss": 0.5}']
 
 
+def publishes():
+    """PUBLISH commands the Redis server has run so far (every client's)."""
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.REDIS_URL).info("commandstats").get("cmdstat_publish", {}).get("calls", 0)
+
+
+def test_a_job_nobody_watches_is_not_announced_and_its_first_viewer_gets_every_line_live(
+        live_portal, job, alice, monkeypatch):
+    """Each stored batch of a job whose page nobody has open would be a PUBLISH that reaches no
+    one: they are left out; a viewer that opens the page gets what is stored, then each new line
+    as it comes (not only at the next probe)."""
+    from channels.layers import get_channel_layer
+
+    from jobs.domain import audience, redispublish
+    from tests.conftest import wait_for
+
+    monkeypatch.setattr(audience, "PROBE_SECONDS", 300.0)
+    store(job, 0, 1)                                   # nobody hears it: the job is marked unheard
+    publisher = redispublish.publisher(get_channel_layer())
+    wait_for(lambda: publisher.audience.listening, timeout=10, message="the notices to be listened for")
+    store(job, 2, 1)
+    before = publishes()
+    for start in range(10, 30):
+        store(job, start, 1)                           # seq 4..43, two lines a batch
+    headers = token_header(alice)
+
+    async def scenario():
+        async with connect(ws_url(live_portal, job), additional_headers=headers) as ws:
+            got = await receive_until(ws, lambda m: 43 in seqs(m))
+            await sync_to_async(store)(job, 100, 1)   # seq 44..45: announced to the new viewer
+            return got + await receive_until(ws, lambda m: 45 in seqs(m), timeout=10)
+
+    got = asyncio.run(scenario())
+    assert seqs(got) == list(range(46))
+    # the relay's notice, the pushes of seq 44..45, and of whatever was left out when it came
+    assert publishes() - before <= 5
+
+
 class _Recorded(PerMessageDeflate):
     """permessage-deflate that keeps each message as it came over the wire, still compressed."""
 

@@ -1,0 +1,85 @@
+"""The line pushes of a job nobody watches are left out, and none that a viewer needs
+(jobs.domain.audience): the rule alone, on a clock of the test's own."""
+import pytest
+
+from jobs.domain import audience
+from jobs.domain.audience import Audience
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def push(last_seq):
+    return {"type": "job.lines", "last_seq": last_seq, "after": last_seq - 1, "lines": "...", "metrics": None}
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def listening(clock):
+    heard = Audience(clock)
+    heard.listen(True)
+    return heard
+
+
+def send(heard, group, last_seq, receivers):
+    """One announcement round of `group`'s push: whether it was sent."""
+    pairs, token = heard.to_send([(group, push(last_seq))])
+    heard.sent(pairs, [receivers] * len(pairs), token)
+    return bool(pairs)
+
+
+def test_after_a_push_nobody_heard_the_next_ones_wait_for_a_viewer_or_the_probe(listening, clock):
+    assert send(listening, "job-a-1", 0, receivers=0)          # the first push finds nobody
+    clock.now += 1
+    assert not send(listening, "job-a-1", 1, receivers=0)
+    assert send(listening, "job-a-2", 0, receivers=1)          # another job's pushes go on
+    assert send(listening, "job-a-2", 1, receivers=1)
+    clock.now += audience.PROBE_SECONDS
+    assert send(listening, "job-a-1", 2, receivers=0)          # the probe: one every PROBE_SECONDS
+    assert not send(listening, "job-a-1", 3, receivers=0)
+
+
+def test_a_relay_that_comes_says_where_the_left_out_lines_end_and_hears_the_next(listening, clock):
+    send(listening, "job-a-1", 0, receivers=0)
+    assert not send(listening, "job-a-1", 5, receivers=0)
+    assert not send(listening, "job-a-1", 9, receivers=0)
+    assert listening.noticed("job-a-1") == 9                    # one push says: stored up to 9
+    assert send(listening, "job-a-1", 10, receivers=1)
+    assert listening.noticed("job-a-1") is None                 # nothing left out since
+
+
+def test_a_notice_that_overtakes_the_answer_of_an_earlier_push_is_not_undone(listening, clock):
+    """The push went out before the relay subscribed (nobody heard it) but its answer is read after
+    the relay's notice: the job stays heard."""
+    pairs, token = listening.to_send([("job-a-1", push(0))])
+    clock.now += 0.001
+    listening.noticed("job-a-1")
+    listening.sent(pairs, [0], token)
+    assert send(listening, "job-a-1", 1, receivers=1)
+
+
+def test_every_push_goes_while_notices_may_not_come(clock):
+    heard = Audience(clock)
+    send(heard, "job-a-1", 0, receivers=0)
+    assert send(heard, "job-a-1", 1, receivers=0)               # not listening yet
+    heard.listen(True)
+    send(heard, "job-a-1", 2, receivers=0)
+    assert not send(heard, "job-a-1", 3, receivers=0)
+    assert heard.listen(False) == {"job-a-1": 3}               # what lost listening owes viewers
+    assert send(heard, "job-a-1", 4, receivers=0)
+
+
+def test_changes_of_state_and_samples_always_go(listening):
+    send(listening, "job-a-1", 0, receivers=0)
+    state = {"type": "job.state", "state": "RUNNING", "reason": ""}
+    sample = {"type": "job.system", "samples": [], "hint": ""}
+    assert listening.to_send([("job-a-1", state), ("job-a-1", sample)])[0] == [("job-a-1", state), ("job-a-1", sample)]
