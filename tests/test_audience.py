@@ -83,3 +83,12 @@ def test_changes_of_state_and_samples_always_go(listening):
     state = {"type": "job.state", "state": "RUNNING", "reason": ""}
     sample = {"type": "job.system", "samples": [], "hint": ""}
     assert listening.to_send([("job-a-1", state), ("job-a-1", sample)])[0] == [("job-a-1", state), ("job-a-1", sample)]
+
+
+def test_whether_a_push_would_go_is_known_before_it_is_made(listening, clock):
+    """(Its lines are not encoded for a push that would be left out.)"""
+    assert listening.would_send("job-a-1")
+    send(listening, "job-a-1", 0, receivers=0)
+    assert not listening.would_send("job-a-1")
+    clock.now += audience.PROBE_SECONDS
+    assert listening.would_send("job-a-1")

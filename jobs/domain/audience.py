@@ -38,13 +38,19 @@ class Audience:
         kept = []
         with self._lock:
             for group, message in messages:
-                since = self._unheard.get(group)
-                if (self.listening and since is not None and now - since < PROBE_SECONDS
-                        and message.get("type") == "job.lines"):
+                if message.get("type") == "job.lines" and not self._would_send(group, now):
                     self._left_out[group] = max(self._left_out.get(group, -1), message["last_seq"])
                 else:
                     kept.append((group, message))
         return kept, now
+
+    def would_send(self, group):
+        """Whether a line push of `group` would be sent now."""
+        return self._would_send(group, self._clock())
+
+    def _would_send(self, group, now):
+        since = self._unheard.get(group)
+        return not (self.listening and since is not None and now - since < PROBE_SECONDS)
 
     def sent(self, pairs, receivers, token):
         """What PUBLISH answered for each of the pairs to_send returned (sent at `token`)."""

@@ -97,6 +97,14 @@ def lines_message(last_seq, after=None, lines=None, metrics=None):
     return message
 
 
+def heard(job_id):
+    """False where the job's next line push would be left out, nobody watching it (so its lines
+    need not be encoded for it)."""
+    layer = get_channel_layer()
+    publisher = redispublish.publisher(layer) if isinstance(layer, RedisPubSubChannelLayer) else None
+    return publisher is None or publisher.audience.would_send(group_name(job_id))
+
+
 def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):
     publish(job_id, lines_message(last_seq, after, lines, metrics))
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from runners.output import extract_metrics, lines_with_metrics, parse_rank_failure
 
 from jobs.domain import logwire
-from jobs.domain.live import lines_message, publish_many_later
+from jobs.domain.live import heard, lines_message, publish_many_later
 from jobs.models import Job, LogLine, MetricPoint
 
 # PostgreSQL text cannot hold NUL; a program that prints one must not stop its job's log.
@@ -171,7 +171,10 @@ _LINE_OVERHEAD = 100                    # a line's JSON beside its text: seq, ra
 
 def announcements(job_id, rows, points):
     """[(job id, message)] telling the job's viewers about stored rows, with the lines themselves
-    (encoded once here), in pushes of about PUSH_TEXT_BYTES each, in seq order."""
+    (encoded once here), in pushes of about PUSH_TEXT_BYTES each, in seq order. Where nobody
+    watches the job, only where they end: that push is left out (jobs.domain.audience)."""
+    if not heard(job_id):
+        return [(job_id, lines_message(rows[-1][1]))]
     messages, start, size, taken = [], 0, 0, 0
     for end, row in enumerate(rows):
         size += len(row[5]) + _LINE_OVERHEAD
