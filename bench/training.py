@@ -15,15 +15,16 @@ every rank's per-iteration img/s is kept: their medians per run give the ratio a
 What the portal costs is printed beside the ratio: the CPU of the Celery worker, uvicorn, and
 PostgreSQL+Redis (every such process of the machine) while the portal's job ran and while the
 direct run ran (when the portal only idles), as a share of one core; the difference is what
-following the job costs (this benchmark's own wait for the job's end, a query every 0.5 s, in it).
+following the job costs (this benchmark's own wait for the job's end, a query every 2 s, in it).
 The same is read over the benchmark's timed windows alone (a prelude prints when they began and
-ended; the CPU readings, every 0.2 s, are interpolated there): what the portal takes while the
+ended; the CPU readings, every 0.5 s, are interpolated there): what the portal takes while the
 job trains, the seconds whose img/s is reported, without the launch and the end.
 
     .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10] [--no-pin]
                                        [--embedded]
 """
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -135,11 +136,12 @@ class CpuLog:
     `interval` seconds in a thread of its own, so that their use over any span of a run can be
     read afterwards (interpolated between readings)."""
 
-    def __init__(self, worker, web, interval=0.2):
+    def __init__(self, worker, web, interval=0.5):
         import threading
 
         self.readings, self._stop = [], threading.Event()
-        self._read = lambda: (time.time(), common.cpu_seconds(worker), common.cpu_seconds(web), database_cpu_seconds())
+        self._read = lambda: (time.time(), cpu_seconds([worker.process.pid]), cpu_seconds([web.process.pid]),
+                              database_cpu_seconds())
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
 
     def __enter__(self):
@@ -252,36 +254,49 @@ def main():
     print(f"machine at the end: {common.machine()}")
 
 
-_database_processes = {}        # (pid, start time) -> its CPU seconds when last seen
-_processes_seen = {}            # pid -> its psutil.Process if PostgreSQL's or Redis's, else None
+_threads_seen = {}              # (pid, tid) -> its CPU seconds when last seen
+
+
+def cpu_seconds(pids):
+    """CPU time used so far by the processes `pids`, every thread of theirs, from the scheduler's
+    own count in nanoseconds (/proc/<pid>/task/<tid>/schedstat): the user and system times of
+    /proc/<pid>/stat count 10 ms ticks, an eighth of a percent of one core over a timed window of
+    8 s, as coarse as the differences read here. A thread that has ended counts with what it had
+    used when last read."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                        _threads_seen[pid, tid] = int(stat.read().split()[0]) / 1e9
+    wanted = set(pids)
+    return sum(seconds for (pid, _), seconds in _threads_seen.items() if pid in wanted)
+
+
+_databases = {}                 # pid -> whether it is PostgreSQL's or Redis's
+_ended_databases = [0.0]        # CPU seconds of their processes that have ended, when last read
 
 
 def database_cpu_seconds():
-    """CPU time used so far by every PostgreSQL and Redis process of this machine (the portal's
-    statements and publishes run there; between runs only their own housekeeping). A process that
-    has ended counts with what it had used when last read: a connection's backend ends (when
-    CONN_MAX_AGE has passed) and its minutes of CPU must not leave the sum. Each process is named
-    once (psutil.process_iter over the machine's processes cost 2.4 ms a reading, beside the ranks)."""
+    """cpu_seconds of every PostgreSQL and Redis process of this machine (the portal's statements
+    and publishes run there; between runs only their own housekeeping), and of those that have
+    ended since the first reading: a connection's backend ends when CONN_MAX_AGE has passed, and
+    its minutes of CPU must not leave the sum. Each process is named once (psutil.process_iter
+    over the machine's processes cost 2.4 ms a reading, beside the ranks)."""
     import psutil
 
     pids = psutil.pids()
-    for pid in set(_processes_seen) - set(pids):
-        del _processes_seen[pid]
+    for pid in set(_databases) - set(pids):
+        if _databases.pop(pid):
+            ended = [key for key in _threads_seen if key[0] == pid]
+            _ended_databases[0] += sum(_threads_seen.pop(key) for key in ended)
     for pid in pids:
-        if pid not in _processes_seen:
+        if pid not in _databases:
             try:
-                process = psutil.Process(pid)
-                _processes_seen[pid] = process if process.name().startswith(("postgres", "redis-server")) else None
+                _databases[pid] = psutil.Process(pid).name().startswith(("postgres", "redis-server"))
             except psutil.Error:
                 continue
-        process = _processes_seen[pid]
-        if process is not None:
-            try:
-                times = process.cpu_times()
-            except psutil.Error:                    # ended since: it counts as last read
-                continue
-            _database_processes[pid, process.create_time()] = times.user + times.system
-    return sum(_database_processes.values())
+    return _ended_databases[0] + cpu_seconds([pid for pid, database in _databases.items() if database])
 
 
 def ratio_interval(portal, direct, resamples=10_000, seed=0):
