@@ -348,16 +348,19 @@ def _replace(path, text):
 
 
 def _marked(process, marker):
-    """Whether `process` is one of the job's: its environment names the job's folder."""
+    """Whether `process` is one of the job's: its environment names the job's folder. None while
+    that cannot be told yet: a process in the middle of exec shows an empty environment (its
+    parent's fork went on once the exec began; the new one is in place a moment later)."""
     try:
-        return process.environ().get(JOB_MARKER) == marker
+        environment = process.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+    return environment.get(JOB_MARKER) == marker if environment else None
 
 
 class MarkedProcesses:
     """A job's processes, looked for again and again (its telemetry, every few seconds): each
-    process's environment is read once, when it is first seen, not at every look. Reading every
+    process's environment is read once it shows one, not at every look. Reading every
     environment of the machine was most of what a follower cost while its job trained quietly
     (BENCHMARKS.md §14). Called: the job's processes now, zombies and the ended among them
     included (the caller skips those). A pid is forgotten once it is gone from /proc; for it to
@@ -377,7 +380,9 @@ class MarkedProcesses:
                     process = psutil.Process(pid)
                 except psutil.NoSuchProcess:
                     continue
-                seen[pid] = process if _marked(process, self.marker) else None
+                marked = _marked(process, self.marker)
+                if marked is not None:          # else looked at again next time
+                    seen[pid] = process if marked else None
         self.seen = seen
         return [process for process in seen.values() if process is not None]
 

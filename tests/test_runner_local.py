@@ -149,6 +149,25 @@ def test_a_launcher_killed_without_an_exit_code_wakes_its_quiet_follower_at_once
         runner.cancel(spec)                        # its rank, left behind by the killed launcher
 
 
+def test_a_process_caught_in_the_middle_of_exec_is_looked_at_again():
+    """A process seen while it execs shows an empty environment, its new one in place a moment
+    later (the parent's Popen returns once the exec has begun): it must not be taken for none of
+    the job's for good, or its CPU and memory would be left out of the job's telemetry. A
+    process started with no environment at all stands for that moment here."""
+    import subprocess
+
+    from runners.local import MarkedProcesses
+
+    process = subprocess.Popen(["sleep", "120"], env={})
+    try:
+        look = MarkedProcesses("/nonexistent/rm-x-7")
+        assert process.pid not in [p.pid for p in look()]
+        assert process.pid not in look.seen         # not settled: its environment is read again
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_a_jobs_processes_are_found_as_they_come_and_go_and_never_another_jobs(tmp_path):
     """What a job's CPU and memory telemetry sums, looked for again and again: the processes
     marked with its folder, those started since the last look among them, those ended left out,
