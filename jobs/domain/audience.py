@@ -7,8 +7,8 @@ that starts relaying a job says so at once, on its installation's "watching" gro
 subscribed and before its viewer reads the database (jobs.web.relay): the job is heard again, and
 where pushes were left unsent meanwhile, one push says where the stored lines end, so that the
 viewer reads what it lacks from the database. A viewer misses no line, and a job nobody watches
-costs no PUBLISH a round: a training job's one-line rounds spent a sixth of the worker's CPU for
-it, and Redis some more (BENCHMARKS.md §14).
+costs no PUBLISH a round: a training job's one-line rounds spent a sixth of the worker's CPU
+encoding and publishing pushes nobody received (0.32 -> 0.04% of one core; BENCHMARKS.md §14).
 
 Only line pushes are left out: changes of state and system samples are rare, and a viewer that
 joins takes nothing of them from the database later.
