@@ -92,3 +92,40 @@ def test_whether_a_push_would_go_is_known_before_it_is_made(listening, clock):
     assert not listening.would_send("job-a-1")
     clock.now += audience.PROBE_SECONDS
     assert listening.would_send("job-a-1")
+
+
+def test_a_follower_gathering_an_unheard_jobs_output_is_told_when_a_viewer_comes(listening, clock):
+    """when_heard (jobs.domain.follow gathers an unheard job's output until it is told): kept
+    only while the job's pushes would be left out, called once when a relay says it relays the
+    job, a later one replacing an earlier one of the same job."""
+    called = []
+    assert not listening.when_heard("job-a-1", lambda: called.append("early"))    # heard: nothing kept
+    send(listening, "job-a-1", 0, receivers=0)
+    assert listening.when_heard("job-a-1", lambda: called.append("first"))
+    assert listening.when_heard("job-a-1", lambda: called.append("second"))
+    assert listening.when_heard("job-a-2", lambda: called.append("other")) is False
+    listening.noticed("job-a-1")
+    assert called == ["second"]
+    listening.noticed("job-a-1")
+    assert called == ["second"]                                  # once
+
+
+def test_a_follower_is_told_when_a_probe_is_heard_or_notices_may_no_longer_come(listening, clock):
+    called = []
+    for group in ("job-a-1", "job-a-2"):
+        send(listening, group, 0, receivers=0)
+        assert listening.when_heard(group, lambda group=group: called.append(group))
+    clock.now += audience.PROBE_SECONDS
+    assert not listening.when_heard("job-a-1", lambda: called.append("probe due"))   # its next push is sent
+    send(listening, "job-a-1", 1, receivers=1)                   # the probe reached a viewer
+    assert called == ["job-a-1"]
+    listening.listen(False)                                      # every push is sent from now on
+    assert called == ["job-a-1", "job-a-2"]
+
+
+def test_what_was_kept_for_a_job_no_longer_unheard_is_dropped(listening, clock):
+    send(listening, "job-a-1", 0, receivers=0)
+    assert listening.when_heard("job-a-1", lambda: None)
+    clock.now += audience._KEEP_SECONDS + 1
+    send(listening, "job-a-2", 0, receivers=1)                   # a round that prunes
+    assert listening._on_heard == {}

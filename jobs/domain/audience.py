@@ -12,6 +12,10 @@ encoding and publishing pushes nobody received (0.32 -> 0.04% of one core; BENCH
 
 Only line pushes are left out: changes of state and system samples are rare, and a viewer that
 joins takes nothing of them from the database later.
+
+A follower may gather what an unheard job prints before it reads on (jobs.domain.follow); it
+asks to be told when the job is heard again (when_heard), so that the first viewer gets each
+line as it comes.
 """
 import threading
 import time
@@ -30,6 +34,7 @@ class Audience:
         self._unheard = {}          # group -> when a push of it last reached no one
         self._left_out = {}         # group -> the last seq of the pushes left unsent since
         self._noticed = {}          # group -> when a web process last said it relays the group
+        self._on_heard = {}         # group -> called once when it is heard again (when_heard)
         self._pruned = clock()
 
     def to_send(self, messages):
@@ -48,6 +53,27 @@ class Audience:
         """Whether a line push of `group` would be sent now."""
         return self._would_send(group, self._clock())
 
+    def when_heard(self, group, callback):
+        """If a line push of `group` would be left out now: True, and `callback` is called once
+        (from the thread that learns it) when the group is heard again, a web process saying it
+        relays it or notices no longer reaching this process; one a group, a later one replacing
+        it. Else False, and nothing is kept."""
+        with self._lock:
+            if self._would_send(group, self._clock()):
+                return False
+            self._on_heard[group] = callback
+            return True
+
+    def _heard_again(self, groups):
+        """Call (outside the lock) what when_heard kept for `groups`, all of them if None."""
+        with self._lock:
+            if groups is None:
+                calls, self._on_heard = list(self._on_heard.values()), {}
+            else:
+                calls = [call for call in map(self._on_heard.pop, groups, [None] * len(groups)) if call]
+        for call in calls:
+            call()
+
     def _would_send(self, group, now):
         since = self._unheard.get(group)
         return not (self.listening and since is not None and now - since < PROBE_SECONDS)
@@ -55,15 +81,19 @@ class Audience:
     def sent(self, pairs, receivers, token):
         """What PUBLISH answered for each of the pairs to_send returned (sent at `token`)."""
         sent_at = token
+        heard = []
         with self._lock:
             for (group, _), count in zip(pairs, receivers):
                 if count:
-                    self._unheard.pop(group, None)
+                    if self._unheard.pop(group, None) is not None:
+                        heard.append(group)
                     self._left_out.pop(group, None)
                 elif self._noticed.get(group, -1.0) < sent_at:     # no relay came since it went out
                     self._unheard[group] = sent_at
             if sent_at - self._pruned > _KEEP_SECONDS:
                 self._prune(sent_at)
+        if heard:
+            self._heard_again(heard)
 
     def noticed(self, group):
         """A web process relays `group` from now on: the last seq of what was left unsent (a
@@ -71,7 +101,9 @@ class Audience:
         with self._lock:
             self._noticed[group] = self._clock()
             self._unheard.pop(group, None)
-            return self._left_out.pop(group, None)
+            last_seq = self._left_out.pop(group, None)
+        self._heard_again([group])
+        return last_seq
 
     def listen(self, listening):
         """Notices reach this process from now on (True), or may not (False). Either way what
@@ -81,7 +113,8 @@ class Audience:
             self.listening = listening
             left_out, self._left_out = self._left_out, {}
             self._unheard.clear()
-            return left_out
+        self._heard_again(None)
+        return left_out
 
     def _prune(self, now):
         self._pruned = now
@@ -90,3 +123,5 @@ class Audience:
                 del marks[group]
                 if marks is self._unheard:
                     self._left_out.pop(group, None)
+        for group in [group for group in self._on_heard if group not in self._unheard]:
+            del self._on_heard[group]           # a job that ended while its output was gathered

@@ -13,6 +13,7 @@ event of its job asks, so the number of jobs a worker follows is bounded by neit
 nor PostgreSQL's max_connections.
 """
 import logging
+import math
 import os
 import socket
 import time
@@ -25,7 +26,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import dbpool, elastic, failure, heartbeat, logbatch, states, telemetry
+from jobs.domain import dbpool, elastic, failure, heartbeat, live, logbatch, states, telemetry
 from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
@@ -36,6 +37,14 @@ from runners.output import OutputSplitter
 log = logging.getLogger(__name__)
 SIZE_CHECK_SECONDS = 0.25       # how soon an elastic job's follower sees that the scheduler resized it
 HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at (a lost one is dropped)
+# A job nobody watches (jobs.domain.audience) that prints a little at a time has what it prints
+# gathered for this long before its follow reads on: one writer round a second instead of one a
+# line. A training job's progress line every 0.1 s cost a round each (the worker's wake-up, read
+# and split, five round trips to PostgreSQL and their commit: 2.6% of one core; BENCHMARKS.md
+# §14), for nobody. Its first viewer reads what is stored and gets the rest live, as it always
+# did; from then on every line is stored and pushed as it comes.
+UNWATCHED_GATHER_SECONDS = 1.0
+UNWATCHED_GATHER_BELOW_BYTES = 64 << 10      # a larger read: the job prints a lot, read on at once
 
 
 def follower_id():
@@ -245,6 +254,12 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                 if pending is not None and not pending.result():
                     return True
                 pending = handed
+                if len(event.data) < UNWATCHED_GATHER_BELOW_BYTES:
+                    viewer = Bell()                 # rung when a viewer opens the job's page
+                    if live.nobody_hears(job_id, viewer.ring):
+                        # (A cancel, the end or, for an elastic job, a resize is seen after it.)
+                        gather = min(UNWATCHED_GATHER_SECONDS, SIZE_CHECK_SECONDS if spec.elastic else math.inf)
+                        yield Waiting(seconds=gather, bell=viewer)
             elif not isinstance(event, Waiting):
                 if pending is not None:         # what the event says comes after every line before it
                     stored, pending = pending.result(), None

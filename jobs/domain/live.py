@@ -97,12 +97,26 @@ def lines_message(last_seq, after=None, lines=None, metrics=None):
     return message
 
 
+def _audience():
+    """This process's jobs.domain.audience.Audience, or None where every push is sent."""
+    layer = get_channel_layer()
+    publisher = redispublish.publisher(layer) if isinstance(layer, RedisPubSubChannelLayer) else None
+    return None if publisher is None else publisher.audience
+
+
 def heard(job_id):
     """False where the job's next line push would be left out, nobody watching it (so its lines
     need not be encoded for it)."""
-    layer = get_channel_layer()
-    publisher = redispublish.publisher(layer) if isinstance(layer, RedisPubSubChannelLayer) else None
-    return publisher is None or publisher.audience.would_send(group_name(job_id))
+    audience = _audience()
+    return audience is None or audience.would_send(group_name(job_id))
+
+
+def nobody_hears(job_id, then):
+    """True where the job's next line push would be left out, nobody watching it; `then` is
+    called once when somebody does (Audience.when_heard). False, and `then` is never called,
+    where its pushes are heard or always sent."""
+    audience = _audience()
+    return audience is not None and audience.when_heard(group_name(job_id), then)
 
 
 def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):

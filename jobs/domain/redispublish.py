@@ -29,6 +29,7 @@ WATCHING = "watching-"              # + the installation: the group web processe
 RELISTEN_SECONDS = 1.0
 
 _publishers = weakref.WeakKeyDictionary()   # layer -> (process id, its Publisher or None: sharded)
+_publishers_lock = threading.Lock()         # asked from the announcer and from the follow steps
 
 
 def watching_group(installation):
@@ -40,13 +41,16 @@ def publisher(layer):
     several Redis hosts (or names one by sentinels)."""
     known = _publishers.get(layer)
     if known is None or known[0] != os.getpid():    # first use, or again after a fork
-        names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)  # no loop needed
-        host = dict(names._shards[0].host)
-        if len(names._shards) != 1 or "address" not in host:
-            known = (os.getpid(), None)
-        else:
-            known = (os.getpid(), Publisher(layer, names, host.pop("address"), host))
-        _publishers[layer] = known
+        with _publishers_lock:
+            known = _publishers.get(layer)
+            if known is None or known[0] != os.getpid():
+                names = RedisPubSubLoopLayer(*layer._args, **layer._kwargs, channel_layer=layer)  # no loop needed
+                host = dict(names._shards[0].host)
+                if len(names._shards) != 1 or "address" not in host:
+                    known = (os.getpid(), None)
+                else:
+                    known = (os.getpid(), Publisher(layer, names, host.pop("address"), host))
+                _publishers[layer] = known
     return known[1]
 
 

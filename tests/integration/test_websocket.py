@@ -385,3 +385,80 @@ def test_frames_are_compressed_at_level_1_each_on_its_own(live_portal, job, alic
     assert sum(map(len, made.wire)) * 4 < sum(len(text) for text in texts_sent)
     again, made_again = asyncio.run(view())
     assert again == messages and made_again.wire == made.wire
+
+
+def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
+        live_portal, alice, image, settings):
+    """What a job prints while nobody has its page open is gathered for a second before its
+    follow reads on (one writer round a second, not one a line), and nothing of it is lost; once
+    a viewer opens the page, every line is stored and reaches the viewer as it comes. A fake
+    backend's job (tests.fakebackend), followed in this process, prints a line every 50 ms."""
+    import time
+
+    from channels.layers import get_channel_layer
+
+    from jobs.backends import job_spec
+    from jobs.domain import dbpool, follow, live, redispublish
+    from jobs.models import LogLine
+    from tests.conftest import wait_for
+    from tests.fakebackend import HOLD_ENV, FakeRunner, fake_root
+
+    settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, "tests.fakebackend.FakeBackend"]
+    job = Job.objects.create(owner=alice, image=image, gpus=1, script_path="/fake/train.py", backend="fake",
+                             env={HOLD_ENV: "1"}, time_limit_minutes=5, state=State.LAUNCHING)
+    following = follow.start(job.pk)
+    log_file = FakeRunner(fake_root()).job_dir(job_spec(job)) / "output.log"
+
+    def print_lines(first, count):
+        """Append `count` lines to the job's output, one every 50 ms; when each was written."""
+        written = {}
+        with open(log_file, "ab", buffering=0) as out:
+            for number in range(first, first + count):
+                out.write(f"[0]<stdout>:line {number}\n".encode())
+                written[number] = time.monotonic()
+                time.sleep(0.05)
+        return written
+
+    def texts_from(first):
+        return list(LogLine.objects.filter(job=job, seq__gte=first).order_by("seq").values_list("text", "ts"))
+
+    try:
+        wait_for(lambda: Job.objects.filter(pk=job.pk, state=State.RUNNING, next_seq=3).exists(), timeout=30,
+                 message="the job to run and store its first three lines")
+        publisher = redispublish.publisher(get_channel_layer())
+        wait_for(lambda: publisher.audience.listening, timeout=30, message="the notices to be listened for")
+        print_lines(0, 1)                               # seq 3: its push reaches no one
+        wait_for(lambda: not live.heard(job.pk), timeout=30, message="the job to be known as one nobody watches")
+        print_lines(1, 39)                              # seq 4..42, over 2 s
+        wait_for(lambda: Job.objects.filter(pk=job.pk, next_seq=43).exists(), timeout=30,
+                 message="the 40 lines to be stored")
+        stored = texts_from(4)
+        assert [text for text, _ in stored] == [f"line {n}" for n in range(1, 40)]
+        rounds = len({ts for _, ts in stored})          # a line gets the time of the round that stored it
+        assert rounds <= 6, f"39 lines of a job nobody watches were stored in {rounds} rounds"
+
+        headers = token_header(alice)
+
+        async def watch():
+            async with connect(ws_url(live_portal, job), additional_headers=headers) as ws:
+                await receive_until(ws, lambda m: 42 in seqs(m))          # what is stored
+                await sync_to_async(wait_for)(lambda: live.heard(job.pk), timeout=10,
+                                              message="the worker to hear of the viewer")
+                writing = asyncio.get_running_loop().run_in_executor(None, print_lines, 40, 20)   # seq 43..62
+                arrived = {}
+                async with asyncio.timeout(20):
+                    while len(arrived) < 20:
+                        for message in [json.loads(await ws.recv())]:
+                            for line in message.get("lines", []) if message["type"] == "lines" else []:
+                                arrived.setdefault(int(line["text"].split()[-1]), time.monotonic())
+                return await writing, arrived
+
+        written, arrived = asyncio.run(watch())
+        assert sorted(arrived) == list(range(40, 60))
+        late = max(arrived[n] - written[n] for n in arrived)
+        assert late < 0.5, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
+    finally:
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True)
+        following.join(60)
+        dbpool.pool().close_all()           # the test database is dropped at the end of the session
+    assert not following.is_alive()
