@@ -13,7 +13,6 @@ event of its job asks, so the number of jobs a worker follows is bounded by neit
 nor PostgreSQL's max_connections.
 """
 import logging
-import math
 import os
 import socket
 import time
@@ -39,10 +38,10 @@ SIZE_CHECK_SECONDS = 0.25       # how soon an elastic job's follower sees that t
 HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at (a lost one is dropped)
 # A job nobody watches (jobs.domain.audience) that prints a little at a time has what it prints
 # gathered for this long before its follow reads on: one writer round a second instead of one a
-# line. A training job's progress line every 0.1 s cost a round each (the worker's wake-up, read
-# and split, five round trips to PostgreSQL and their commit: 2.6% of one core; BENCHMARKS.md
-# §14), for nobody. Its first viewer reads what is stored and gets the rest live, as it always
-# did; from then on every line is stored and pushed as it comes.
+# line. A training job's progress line every 0.1-0.2 s cost a round each (the worker's wake-up,
+# read and split, five round trips to PostgreSQL and their commit), for nobody: following it cost
+# 1.9% of one core, 0.6% gathered (BENCHMARKS.md §14). Its first viewer reads what is stored and
+# gets the rest live, as it always did; from then on every line is stored and pushed as it comes.
 UNWATCHED_GATHER_SECONDS = 1.0
 UNWATCHED_GATHER_BELOW_BYTES = 64 << 10      # a larger read: the job prints a lot, read on at once
 
@@ -237,6 +236,10 @@ def _store_events(job_id, me, runner, spec, job, splitter):
     pending = None          # the batch handed in last, until its answer was looked at
     stopping = None         # the cancel under way (on the hub's threads for slow calls)
     next_seq = job.next_seq  # where the job's seq stands once what was handed in is stored
+    # Output is gathered only once the job is known to run: a job that ends within a gather would
+    # otherwise end without its runner having been asked while it ran (a short MPIJob's
+    # Running, seen only by a follow that looks).
+    running = job.state == State.RUNNING
     try:
         # Breaking out of the loop closes the runner's generator: that is how a follow stops.
         for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
@@ -254,12 +257,12 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                 if pending is not None and not pending.result():
                     return True
                 pending = handed
-                if len(event.data) < UNWATCHED_GATHER_BELOW_BYTES:
+                if running and len(event.data) < UNWATCHED_GATHER_BELOW_BYTES:
                     viewer = Bell()                 # rung when a viewer opens the job's page
                     if live.nobody_hears(job_id, viewer.ring):
-                        # (A cancel, the end or, for an elastic job, a resize is seen after it.)
-                        gather = min(UNWATCHED_GATHER_SECONDS, SIZE_CHECK_SECONDS if spec.elastic else math.inf)
-                        yield Waiting(seconds=gather, bell=viewer)
+                        # (A cancel, the end or an elastic job's resize is seen after it.)
+                        yield Waiting(seconds=SIZE_CHECK_SECONDS if spec.elastic else UNWATCHED_GATHER_SECONDS,
+                                      bell=viewer)
             elif not isinstance(event, Waiting):
                 if pending is not None:         # what the event says comes after every line before it
                     stored, pending = pending.result(), None
@@ -268,6 +271,7 @@ def _store_events(job_id, me, runner, spec, job, splitter):
                 with dbpool.borrowed():         # given back before the runner's next event is waited for
                     if isinstance(event, Running):
                         _now_running(job_id, event.detail)
+                        running = True
                     elif isinstance(event, Status):
                         states.set_reason(job_id, event.reason)
                     elif isinstance(event, Exited):
