@@ -461,4 +461,17 @@ def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_wat
         Job.objects.filter(pk=job.pk).update(cancel_requested=True)
         following.join(60)
         dbpool.pool().close_all()           # the test database is dropped at the end of the session
+        # The database is emptied after the test (TRUNCATE): once no other connection is in the
+        # middle of something (the web process ending the viewer's relay, this process's
+        # follow): a fresh-clone run deadlocked there once.
+        wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
     assert not following.is_alive()
+
+
+def _others_quiet():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')")
+        return cursor.fetchone()[0] == 0
