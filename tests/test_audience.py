@@ -1,9 +1,12 @@
 """The line pushes of a job nobody watches are left out, and none that a viewer needs
-(jobs.domain.audience): the rule alone, on a clock of the test's own."""
+(jobs.domain.audience): the rule alone, on a clock of the test's own; and without Redis, a job
+is watched while a viewer polls it."""
+import time
+
 import pytest
 
 from jobs.domain import audience
-from jobs.domain.audience import Audience
+from jobs.domain.audience import Audience, Pollers
 
 
 class Clock:
@@ -129,3 +132,29 @@ def test_what_was_kept_for_a_job_no_longer_unheard_is_dropped(listening, clock):
     clock.now += audience._KEEP_SECONDS + 1
     send(listening, "job-a-2", 0, receivers=1)                   # a round that prunes
     assert listening._on_heard == {}
+
+
+def test_without_redis_a_job_is_watched_while_a_viewer_looks_at_it_or_this_process_has_one(tmp_path):
+    """Pollers: a push leaves no process, so the web process's viewers, which poll, leave a mark
+    each time they look; a job is watched while one looked lately."""
+    now = [time.time()]
+    members = set()
+    pollers = Pollers(members.__contains__, tmp_path / "viewers", clock=lambda: now[0])
+
+    def never():
+        raise AssertionError("a look in another process cannot ring a follower")
+
+    assert pollers.when_heard("job-a-1", never)             # nobody watches: gather
+    pollers.looked("job-a-1")                               # a viewer in the web process looks
+    assert not pollers.when_heard("job-a-1", never)
+    assert pollers.when_heard("job-a-2", never)             # another job is not watched
+    assert not pollers.would_send("job-a-1")                # its pushes still reach nobody here
+    now[0] += Pollers.FRESH_SECONDS - 0.5                   # a look a little late
+    assert not pollers.when_heard("job-a-1", never)
+    now[0] += 1.0                                           # no look for longer: the viewer left
+    assert pollers.when_heard("job-a-1", never)
+    pollers.looked("job-a-1")                               # it looks again
+    now[0] = time.time()
+    assert not pollers.when_heard("job-a-1", never)
+    members.add("job-a-2")                                  # a viewer in this very process
+    assert pollers.would_send("job-a-2") and not pollers.when_heard("job-a-2", never)

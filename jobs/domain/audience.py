@@ -16,7 +16,11 @@ joins takes nothing of them from the database later.
 A follower may gather what an unheard job prints before it reads on (jobs.domain.follow); it
 asks to be told when the job is heard again (when_heard), so that the first viewer gets each
 line as it comes.
+
+Without Redis (Pollers) no push leaves its process, and viewers poll the database: a job is
+watched where a viewer looked at it lately.
 """
+import os
 import threading
 import time
 
@@ -125,3 +129,45 @@ class Audience:
                     self._left_out.pop(group, None)
         for group in [group for group in self._on_heard if group not in self._unheard]:
             del self._on_heard[group]           # a job that ended while its output was gathered
+
+
+class Pollers:
+    """Who watches a job without Redis (Channels' in-memory layer: make run's embedded default).
+
+    A push reaches only the viewers of the process that sends it; a worker's reaches none. The web
+    process's viewers poll the database every second instead (jobs.web.consumers), and each look
+    leaves a mark: the time of a file in `marks` named after the job's group. A job is watched
+    where this process has a viewer of it (`members(group)`) or one of its viewers looked within
+    FRESH_SECONDS. Its follower gathers what it prints only while it is not (jobs.domain.follow):
+    a watched job's line reaches its viewer at its next look, as before, and the first viewer
+    waits at most one gather more (a look in another process cannot ring the follower)."""
+
+    FRESH_SECONDS = 3.0             # three looks: a look late on a busy machine is not a viewer gone
+
+    def __init__(self, members, marks, clock=time.time):
+        self._members = members
+        self._marks = marks
+        self._clock = clock
+
+    def would_send(self, group):
+        """Whether a push of `group` would reach anyone: only this process's viewers."""
+        return self._members(group)
+
+    def when_heard(self, group, callback):
+        """True if nobody watches `group` now; `callback` is never called (see the class)."""
+        return not (self._members(group) or self._looked_lately(group))
+
+    def looked(self, group):
+        """A viewer of `group` looked at what is stored (the web process, each poll)."""
+        mark = self._marks / group
+        try:
+            os.utime(mark)
+        except FileNotFoundError:
+            self._marks.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+
+    def _looked_lately(self, group):
+        try:
+            return self._clock() - (self._marks / group).stat().st_mtime < self.FRESH_SECONDS
+        except FileNotFoundError:
+            return False

@@ -10,7 +10,9 @@ layers run them on one event loop per process, kept in a background thread, so t
 layer's Redis connections are reused: async_to_sync would start a new loop, and with it a new
 Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
 The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
-the server's loop: there async_to_sync, which hands the call to that loop, stays.
+the server's loop: there async_to_sync, which hands the call to that loop, stays, and only for a
+job this process has a viewer of (a worker's pushes reach nobody; the web process's viewers poll
+the database and leave a mark that they looked: audience.Pollers).
 """
 import asyncio
 import logging
@@ -21,8 +23,10 @@ import threading
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
+from django.conf import settings
 
 from jobs.domain import redispublish
+from jobs.domain.audience import Pollers
 from jobs.installation import installation_id, last_read
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,9 @@ def publish(job_id, message):
     future = None
     try:
         if isinstance(layer, InMemoryChannelLayer):
-            async_to_sync(layer.group_send)(group_name(job_id), message)
+            group = group_name(job_id)
+            if _has_members(layer, group):  # else it reaches nobody: no event loop started for it
+                async_to_sync(layer.group_send)(group, message)
             return
         future = asyncio.run_coroutine_threadsafe(layer.group_send(group_name(job_id), message), _announcer_loop())
         future.result(timeout=SEND_TIMEOUT_SECONDS)
@@ -98,10 +104,27 @@ def lines_message(last_seq, after=None, lines=None, metrics=None):
 
 
 def _audience():
-    """This process's jobs.domain.audience.Audience, or None where every push is sent."""
+    """Who hears this process's pushes: its publisher's jobs.domain.audience.Audience with Redis's
+    pub/sub layer, Pollers with the in-memory layer, or None where every push is sent."""
     layer = get_channel_layer()
+    if isinstance(layer, InMemoryChannelLayer):
+        return Pollers(lambda group: _has_members(layer, group), settings.DATA_DIR / "viewers")
     publisher = redispublish.publisher(layer) if isinstance(layer, RedisPubSubChannelLayer) else None
     return None if publisher is None else publisher.audience
+
+
+def _has_members(layer, group):
+    """Whether the in-memory layer has a member of `group` (a viewer's relay in this process):
+    its group_send reaches nobody else."""
+    return bool(layer.groups.get(group))
+
+
+def viewer_looked(job_id):
+    """A viewer that polls (no Redis) looked at what the job has stored: the job is watched
+    (audience.Pollers), and its follower stores each line as it comes."""
+    audience = _audience()
+    if isinstance(audience, Pollers):
+        audience.looked(group_name(job_id))
 
 
 def heard(job_id):
@@ -112,9 +135,10 @@ def heard(job_id):
 
 
 def nobody_hears(job_id, then):
-    """True where the job's next line push would be left out, nobody watching it; `then` is
-    called once when somebody does (Audience.when_heard). False, and `then` is never called,
-    where its pushes are heard or always sent."""
+    """True where nobody watches the job: its next line push would be left out (Redis), or no
+    viewer polls it (no Redis). With Redis `then` is called once when somebody does
+    (Audience.when_heard). False, and `then` is never called, where it is watched or every push
+    is sent."""
     audience = _audience()
     return audience is not None and audience.when_heard(group_name(job_id), then)
 

@@ -22,7 +22,7 @@ from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
 from jobs.domain import telemetry
-from jobs.domain import logwire
+from jobs.domain import live, logwire
 from jobs.domain.live import MAX_PUSH_BYTES
 from jobs.models import Job, LogLine, MetricPoint, SystemSample
 from jobs.domain.services import visible_jobs
@@ -204,8 +204,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     # --- helpers ----------------------------------------------------------------------------
     async def _poll(self):
-        """Without Redis no announcement reaches this process: read the database now and then."""
+        """Without Redis no announcement reaches this process: read the database now and then,
+        and say so each time (the job's follower stores each line as it comes while it is watched)."""
         while True:
+            live.viewer_looked(self.job_id)
             await asyncio.sleep(POLL_SECONDS)
             self.poll_due = True
             self.wake.set()

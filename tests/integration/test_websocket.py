@@ -2,6 +2,7 @@
 database after `since`, then live lines, no gap and no repeat; strangers are refused."""
 import asyncio
 import json
+import time
 import zlib
 
 import pytest
@@ -13,7 +14,7 @@ from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFact
 
 from jobs.domain import states
 from jobs.domain.logstore import append_output
-from jobs.models import Job, Script, State
+from jobs.models import Job, LogLine, Script, State
 from runners.output import Line
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -387,54 +388,91 @@ def test_frames_are_compressed_at_level_1_each_on_its_own(live_portal, job, alic
     assert again == messages and made_again.wire == made.wire
 
 
-def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
-        live_portal, alice, image, settings):
-    """What a job prints while nobody has its page open is gathered for a second before its
-    follow reads on (one writer round a second, not one a line), and nothing of it is lost; once
-    a viewer opens the page, every line is stored and reaches the viewer as it comes. A fake
-    backend's job (tests.fakebackend), followed in this process, prints a line every 50 ms."""
-    import time
+class FollowedFakeJob:
+    """A fake backend's job (tests.fakebackend) of alice's, followed in this process (which plays
+    the worker), RUNNING with its first three lines stored; the test prints its lines."""
 
-    from channels.layers import get_channel_layer
+    def __init__(self, owner, image, settings):
+        from jobs.backends import job_spec
+        from jobs.domain import follow
+        from tests.conftest import wait_for
+        from tests.fakebackend import HOLD_ENV, FakeRunner, fake_root
 
-    from jobs.backends import job_spec
-    from jobs.domain import dbpool, follow, live, redispublish
-    from jobs.models import LogLine
-    from tests.conftest import wait_for
-    from tests.fakebackend import HOLD_ENV, FakeRunner, fake_root
+        settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, "tests.fakebackend.FakeBackend"]
+        self.job = Job.objects.create(owner=owner, image=image, gpus=1, script_path="/fake/train.py",
+                                      backend="fake", env={HOLD_ENV: "1"}, time_limit_minutes=5,
+                                      state=State.LAUNCHING)
+        self.following = follow.start(self.job.pk)
+        self.log_file = FakeRunner(fake_root()).job_dir(job_spec(self.job)) / "output.log"
+        wait_for(lambda: Job.objects.filter(pk=self.job.pk, state=State.RUNNING, next_seq=3).exists(), timeout=30,
+                 message="the job to run and store its first three lines")
 
-    settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, "tests.fakebackend.FakeBackend"]
-    job = Job.objects.create(owner=alice, image=image, gpus=1, script_path="/fake/train.py", backend="fake",
-                             env={HOLD_ENV: "1"}, time_limit_minutes=5, state=State.LAUNCHING)
-    following = follow.start(job.pk)
-    log_file = FakeRunner(fake_root()).job_dir(job_spec(job)) / "output.log"
-
-    def print_lines(first, count):
+    def print_lines(self, first, count):
         """Append `count` lines to the job's output, one every 50 ms; when each was written."""
         written = {}
-        with open(log_file, "ab", buffering=0) as out:
+        with open(self.log_file, "ab", buffering=0) as out:
             for number in range(first, first + count):
                 out.write(f"[0]<stdout>:line {number}\n".encode())
                 written[number] = time.monotonic()
                 time.sleep(0.05)
         return written
 
-    def texts_from(first):
-        return list(LogLine.objects.filter(job=job, seq__gte=first).order_by("seq").values_list("text", "ts"))
+    def stored(self, first, count):
+        """Once stored, the texts of the lines from seq `first` on, and in how many writer rounds
+        they were stored (a line gets the time of the round that stored it)."""
+        from tests.conftest import wait_for
 
+        wait_for(lambda: Job.objects.filter(pk=self.job.pk, next_seq=first + count).exists(), timeout=30,
+                 message=f"lines up to seq {first + count - 1} to be stored")
+        stored = list(LogLine.objects.filter(job=self.job, seq__gte=first).order_by("seq").values_list("text", "ts"))
+        return [text for text, _ in stored], len({ts for _, ts in stored})
+
+    def end(self):
+        from jobs.domain import dbpool
+        from tests.conftest import wait_for
+
+        Job.objects.filter(pk=self.job.pk).update(cancel_requested=True)
+        self.following.join(60)
+        dbpool.pool().close_all()           # the test database is dropped at the end of the session
+        # The database is emptied after the test (TRUNCATE): once no other connection is in the
+        # middle of something (the web process ending the viewer's relay, this process's
+        # follow): a fresh-clone run deadlocked there once.
+        wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
+        assert not self.following.is_alive()
+
+
+async def arrivals(ws, numbers):
+    """When each of the lines "line <n>" for n in `numbers` reached the viewer."""
+    arrived = {}
+    async with asyncio.timeout(20):
+        while len(arrived) < len(numbers):
+            message = json.loads(await ws.recv())
+            for line in message.get("lines", []) if message["type"] == "lines" else []:
+                arrived.setdefault(int(line["text"].split()[-1]), time.monotonic())
+    return arrived
+
+
+def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
+        live_portal, alice, image, settings):
+    """What a job prints while nobody has its page open is gathered for a second before its
+    follow reads on (one writer round a second, not one a line), and nothing of it is lost; once
+    a viewer opens the page, every line is stored and reaches the viewer as it comes. A fake
+    backend's job (tests.fakebackend), followed in this process, prints a line every 50 ms."""
+    from channels.layers import get_channel_layer
+
+    from jobs.domain import live, redispublish
+    from tests.conftest import wait_for
+
+    fake = FollowedFakeJob(alice, image, settings)
+    job = fake.job
     try:
-        wait_for(lambda: Job.objects.filter(pk=job.pk, state=State.RUNNING, next_seq=3).exists(), timeout=30,
-                 message="the job to run and store its first three lines")
         publisher = redispublish.publisher(get_channel_layer())
         wait_for(lambda: publisher.audience.listening, timeout=30, message="the notices to be listened for")
-        print_lines(0, 1)                               # seq 3: its push reaches no one
+        fake.print_lines(0, 1)                          # seq 3: its push reaches no one
         wait_for(lambda: not live.heard(job.pk), timeout=30, message="the job to be known as one nobody watches")
-        print_lines(1, 39)                              # seq 4..42, over 2 s
-        wait_for(lambda: Job.objects.filter(pk=job.pk, next_seq=43).exists(), timeout=30,
-                 message="the 40 lines to be stored")
-        stored = texts_from(4)
-        assert [text for text, _ in stored] == [f"line {n}" for n in range(1, 40)]
-        rounds = len({ts for _, ts in stored})          # a line gets the time of the round that stored it
+        fake.print_lines(1, 39)                         # seq 4..42, over 2 s
+        texts_stored, rounds = fake.stored(4, 39)
+        assert texts_stored == [f"line {n}" for n in range(1, 40)]
         assert rounds <= 6, f"39 lines of a job nobody watches were stored in {rounds} rounds"
 
         headers = token_header(alice)
@@ -444,13 +482,8 @@ def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_wat
                 await receive_until(ws, lambda m: 42 in seqs(m))          # what is stored
                 await sync_to_async(wait_for)(lambda: live.heard(job.pk), timeout=10,
                                               message="the worker to hear of the viewer")
-                writing = asyncio.get_running_loop().run_in_executor(None, print_lines, 40, 20)   # seq 43..62
-                arrived = {}
-                async with asyncio.timeout(20):
-                    while len(arrived) < 20:
-                        for message in [json.loads(await ws.recv())]:
-                            for line in message.get("lines", []) if message["type"] == "lines" else []:
-                                arrived.setdefault(int(line["text"].split()[-1]), time.monotonic())
+                writing = asyncio.get_running_loop().run_in_executor(None, fake.print_lines, 40, 20)  # seq 43..62
+                arrived = await arrivals(ws, range(40, 60))
                 return await writing, arrived
 
         written, arrived = asyncio.run(watch())
@@ -458,14 +491,72 @@ def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_wat
         late = max(arrived[n] - written[n] for n in arrived)
         assert late < 0.5, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
     finally:
-        Job.objects.filter(pk=job.pk).update(cancel_requested=True)
-        following.join(60)
-        dbpool.pool().close_all()           # the test database is dropped at the end of the session
-        # The database is emptied after the test (TRUNCATE): once no other connection is in the
-        # middle of something (the web process ending the viewer's relay, this process's
-        # follow): a fresh-clone run deadlocked there once.
-        wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
-    assert not following.is_alive()
+        fake.end()
+
+
+@pytest.fixture
+def embedded_portal(service_env, tmp_path, settings):
+    """A web process without Redis, as make run's embedded default: Channels' in-memory layer, so
+    its viewers poll the database. This process plays its worker: the same database and data
+    folder, and a layer of its own whose pushes reach no viewer there."""
+    from pathlib import Path
+
+    from channels.layers import InMemoryChannelLayer, channel_layers
+
+    from tests.conftest import WebServer
+
+    env = {name: value for name, value in service_env.items() if name != "REDIS_URL"}
+    server = WebServer(env, tmp_path / "web.log").start()
+    settings.DATA_DIR = Path(env["RINGMASTER_DATA_DIR"])
+    before = channel_layers.set("default", InMemoryChannelLayer())
+    yield server.url
+    if before is None:
+        channel_layers.backends.pop("default", None)        # made again from the settings on next use
+    else:
+        channel_layers.set("default", before)
+    server.stop()
+
+
+def test_without_redis_a_job_nobody_watches_is_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
+        embedded_portal, alice, image, settings):
+    """The same without Redis: the worker's pushes reach no viewer, so what a job prints while
+    nobody polls it is gathered for a second; once a viewer polls it, each line is stored as it
+    comes and reaches the viewer at its next look (within about a second)."""
+    from jobs.domain import live
+    from tests.conftest import wait_for
+
+    fake = FollowedFakeJob(alice, image, settings)
+    job = fake.job
+    try:
+        fake.print_lines(0, 40)                         # seq 3..42, over 2 s
+        texts_stored, rounds = fake.stored(3, 40)
+        assert texts_stored == [f"line {n}" for n in range(40)]
+        assert rounds <= 6, f"40 lines of a job nobody watches were stored in {rounds} rounds"
+
+        headers = token_header(alice)
+
+        async def watch():
+            async with connect(ws_url(embedded_portal, job), additional_headers=headers) as ws:
+                await receive_until(ws, lambda m: 42 in seqs(m))          # what is stored
+                await sync_to_async(wait_for)(lambda: not live.nobody_hears(job.pk, lambda: None), timeout=10,
+                                              message="the worker to know of the viewer")
+                # The follow may be in the middle of a gather that began before the viewer came:
+                # the next line it reads is the first it stores as it comes.
+                await sync_to_async(fake.print_lines)(40, 1)                                  # seq 43
+                await receive_until(ws, lambda m: 43 in seqs(m))
+                writing = asyncio.get_running_loop().run_in_executor(None, fake.print_lines, 41, 20)  # seq 44..63
+                arrived = await arrivals(ws, range(41, 61))
+                return await writing, arrived
+
+        written, arrived = asyncio.run(watch())
+        assert sorted(arrived) == list(range(41, 61))
+        texts_stored, rounds = fake.stored(44, 20)
+        assert texts_stored == [f"line {n}" for n in range(41, 61)]
+        assert rounds >= 15, f"20 lines of a watched job printed 50 ms apart were stored in {rounds} rounds"
+        late = max(arrived[n] - written[n] for n in arrived)
+        assert late < 2.0, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
+    finally:
+        fake.end()
 
 
 def _others_quiet():
