@@ -427,18 +427,25 @@ class FollowedFakeJob:
         stored = list(LogLine.objects.filter(job=self.job, seq__gte=first).order_by("seq").values_list("text", "ts"))
         return [text for text, _ in stored], len({ts for _, ts in stored})
 
-    def end(self):
+    def end(self, worker):
+        """Cancel the job and wait until nothing is left of it that could use the database."""
         from jobs.domain import dbpool
-        from tests.conftest import wait_for
+        from tests.conftest import wait_for, wait_worker_idle
 
+        received = worker.output().count("] received")
         Job.objects.filter(pk=self.job.pk).update(cancel_requested=True)
         self.following.join(60)
-        dbpool.pool().close_all()           # the test database is dropped at the end of the session
-        # The database is emptied after the test (TRUNCATE): once no other connection is in the
-        # middle of something (the web process ending the viewer's relay, this process's
-        # follow): a fresh-clone run deadlocked there once.
-        wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
         assert not self.following.is_alive()
+        dbpool.pool().close_all()           # the test database is dropped at the end of the session
+        # The database is emptied after the test (TRUNCATE): a fresh-clone run deadlocked there
+        # twice with the scheduler's pass that the job's end woke (a dispatch task for the
+        # worker, which reads the quotas). So: once the worker has taken that task and is idle,
+        # and no other connection is in the middle of something (the web process ending the
+        # viewer's relay).
+        wait_for(lambda: worker.output().count("] received") > received, timeout=30,
+                 message="the worker to take the scheduler's pass that the job's end woke")
+        wait_worker_idle(worker)
+        wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
 
 
 async def arrivals(ws, numbers):
@@ -453,7 +460,7 @@ async def arrivals(ws, numbers):
 
 
 def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
-        live_portal, alice, image, settings):
+        live_portal, celery_worker, alice, image, settings):
     """What a job prints while nobody has its page open is gathered for a second before its
     follow reads on (one writer round a second, not one a line), and nothing of it is lost; once
     a viewer opens the page, every line is stored and reaches the viewer as it comes. A fake
@@ -491,7 +498,7 @@ def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_wat
         late = max(arrived[n] - written[n] for n in arrived)
         assert late < 0.5, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
     finally:
-        fake.end()
+        fake.end(celery_worker)
 
 
 @pytest.fixture
@@ -518,7 +525,7 @@ def embedded_portal(service_env, tmp_path, settings):
 
 
 def test_without_redis_a_job_nobody_watches_is_stored_a_second_at_a_time_and_a_watched_one_line_by_line(
-        embedded_portal, alice, image, settings):
+        embedded_portal, celery_worker, alice, image, settings):
     """The same without Redis: the worker's pushes reach no viewer, so what a job prints while
     nobody polls it is gathered for a second; once a viewer polls it, each line is stored as it
     comes and reaches the viewer at its next look (within about a second)."""
@@ -556,7 +563,7 @@ def test_without_redis_a_job_nobody_watches_is_stored_a_second_at_a_time_and_a_w
         late = max(arrived[n] - written[n] for n in arrived)
         assert late < 2.0, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
     finally:
-        fake.end()
+        fake.end(celery_worker)
 
 
 def _others_quiet():
