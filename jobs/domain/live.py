@@ -124,7 +124,10 @@ def viewer_looked(job_id):
     (audience.Pollers), and its follower stores each line as it comes."""
     audience = _audience()
     if isinstance(audience, Pollers):
-        audience.looked(group_name(job_id))
+        try:
+            audience.looked(group_name(job_id))
+        except OSError:     # the viewer's polls go on: its job is only gathered as if unwatched
+            log.warning("could not mark job %s as watched", job_id, exc_info=True)
 
 
 def heard(job_id):
