@@ -3,7 +3,7 @@
 The same rows as `__in`, with one parameter on PostgreSQL (`field = ANY(%s)`, the list sent as an
 array) instead of one prepared per value: a worker's heartbeat and its followers' group writer
 name every job the worker follows, and with 1,000 of them Django's per-value preparation of `__in`
-took a tenth of the worker's interpreter time. Elsewhere (SQLite) it is `IN (%s, ...)`.
+takes a tenth of the worker's interpreter time. Elsewhere (SQLite) it is `IN (%s, ...)`.
 """
 from django.db.models import Field, Lookup
 

@@ -69,7 +69,7 @@ def slots():
 
 
 class LocalAdmission(ByGpuModel, Admission):
-    """The machine's GPUs, by index (lowest free first); CPU slots are counted as before."""
+    """The machine's GPUs, by index (lowest free first); without GPUs, CPU slots, by count."""
 
     def __init__(self, backend, book):
         super().__init__(backend, book)

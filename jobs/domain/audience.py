@@ -7,8 +7,9 @@ that starts relaying a job says so at once, on its installation's "watching" gro
 subscribed and before its viewer reads the database (jobs.web.relay): the job is heard again, and
 where pushes were left unsent meanwhile, one push says where the stored lines end, so that the
 viewer reads what it lacks from the database. A viewer misses no line, and a job nobody watches
-costs no PUBLISH a round: a training job's one-line rounds spent a sixth of the worker's CPU
-encoding and publishing pushes nobody received (0.32 -> 0.04% of one core; BENCHMARKS.md §14).
+costs no PUBLISH a round: a training job's one-line rounds would otherwise spend a sixth of the
+worker's CPU encoding and publishing pushes nobody receives (0.32% of one core with every push
+sent, 0.04% without; BENCHMARKS.md §14).
 
 Only line pushes are left out: changes of state and system samples are rare, and a viewer that
 joins takes nothing of them from the database later.
@@ -139,7 +140,7 @@ class Pollers:
     leaves a mark: the time of a file in `marks` named after the job's group. A job is watched
     where this process has a viewer of it (`members(group)`) or one of its viewers looked within
     FRESH_SECONDS. Its follower gathers what it prints only while it is not (jobs.domain.follow):
-    a watched job's line reaches its viewer at its next look, as before, and the first viewer
+    a watched job's line reaches its viewer at the viewer's next look, and the first viewer
     waits at most one gather more (a look in another process cannot ring the follower)."""
 
     FRESH_SECONDS = 3.0             # three looks: a look late on a busy machine is not a viewer gone

@@ -1,9 +1,9 @@
 """A few database connections shared by every job a worker process follows.
 
-Django gives each thread a connection of its own, held for the thread's life. A worker follows
-each job in a thread (and samples its hosts in another), so a worker following 50 jobs held 100
+Django gives each thread a connection of its own, held for the thread's life. Were each followed
+job (and the sampling of its hosts) to hold one, a worker following 50 jobs would hold 100
 PostgreSQL connections: past max_connections (100 by default) the next follower could not
-connect at all, and its job went from follower to follower. A follower thread instead borrows
+connect at all, and its job would go from follower to follower. So a follower thread borrows
 one of RINGMASTER_FOLLOWER_DB_CONNECTIONS connections for each piece of database work (what one
 event of its job asks for) and gives it back before it waits on its job again.
 

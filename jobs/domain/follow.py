@@ -38,10 +38,10 @@ SIZE_CHECK_SECONDS = 0.25       # how soon an elastic job's follower sees that t
 HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at (a lost one is dropped)
 # A job nobody watches (jobs.domain.audience) that prints a little at a time has what it prints
 # gathered for this long before its follow reads on: one writer round a second instead of one a
-# line. A training job's progress line every 0.1-0.2 s cost a round each (the worker's wake-up,
-# read and split, five round trips to PostgreSQL and their commit), for nobody: following it cost
-# 1.9% of one core, 0.6% gathered (BENCHMARKS.md §14). Its first viewer reads what is stored and
-# gets the rest live, as it always did; from then on every line is stored and pushed as it comes.
+# line. Ungathered, a training job's progress line every 0.1-0.2 s costs a round each (the
+# worker's wake-up, read and split, five round trips to PostgreSQL and their commit), for nobody:
+# following it costs 1.9% of one core, 0.6% gathered (BENCHMARKS.md §14). Its first viewer reads
+# what is stored and gets the rest live; from then on every line is stored and pushed as it comes.
 UNWATCHED_GATHER_SECONDS = 1.0
 UNWATCHED_GATHER_BELOW_BYTES = 64 << 10      # a larger read: the job prints a lot, read on at once
 

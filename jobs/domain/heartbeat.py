@@ -1,9 +1,9 @@
 """One heartbeat for all the jobs a worker process follows.
 
 A follower keeps its claim on a job fresh (Job.follower_heartbeat) and looks, every couple of
-seconds, whether the job was cancelled or ran past its time limit. Done by each follower that
-was two queries a job every 2 s: a thousand queries a second for a worker following a thousand
-jobs. A worker process has one Heartbeat thread instead: every HEARTBEAT_SECONDS it refreshes
+seconds, whether the job was cancelled or ran past its time limit. Done by each follower, that
+would be two queries a job every 2 s: a thousand queries a second for a worker following a
+thousand jobs. So a worker process has one Heartbeat thread: every HEARTBEAT_SECONDS it refreshes
 the claims of every job its followers hold in one UPDATE and reads what they check in one
 SELECT; each follower looks at the latest reading of its own job, without a query.
 """

@@ -10,8 +10,8 @@ layers run them on one event loop per process, kept in a background thread, so t
 layer's Redis connections are reused: async_to_sync would start a new loop, and with it a new
 Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
 The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
-the server's loop: there async_to_sync, which hands the call to that loop, stays, and only for a
-job this process has a viewer of (a worker's pushes reach nobody; the web process's viewers poll
+the server's loop: there announcements go through async_to_sync, which hands the call to that
+loop, and only for a job this process has a viewer of (a worker's pushes reach nobody; the web process's viewers poll
 the database and leave a mark that they looked: audience.Pollers).
 """
 import asyncio
@@ -160,7 +160,7 @@ def publish_many_later(make_messages):
     """publish_many(make_messages()) on this process's announcer thread, in the order handed in.
 
     The worker's writer hands a stored round's lines here and goes on to store the next round
-    while these are encoded and sent: encoding them in the writer took a fifth of a large
+    while these are encoded and sent: encoding them in the writer would take a fifth of a large
     batch's time (BENCHMARKS.md, ingest). Whatever waits here is announced together. A push
     that overtakes them (a state change) is safe: the consumer sends what is stored first."""
     global _later
@@ -229,8 +229,8 @@ def publish_many(messages):
         return failed
 
     async def send_all():
-        # BATCH_CONCURRENCY senders, not a task per message: a round of 1,000 jobs' pushes
-        # spent a third of the loop's time making tasks and taking a semaphore.
+        # BATCH_CONCURRENCY senders, not a task per message: with a task each, a round of
+        # 1,000 jobs' pushes spends a third of the loop's time making tasks and taking a semaphore.
         # A job's messages stay in one share, in their order (a large batch is several pushes).
         shares = [[] for _ in range(min(BATCH_CONCURRENCY, len(messages)))]
         for job_id, message in messages:

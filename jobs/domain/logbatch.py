@@ -1,9 +1,9 @@
 """What the jobs a worker process follows print, stored together: one transaction a round.
 
-Each follower stored each batch of its job in a transaction of its own (BEGIN, the job's row
-locked and checked, COPY, UPDATE, COMMIT): a worker following 200 jobs that print a line a
-second spent 70% of its interpreter's time in those round trips (BENCHMARKS.md §15), and 1,000
-jobs were out of reach. Here the followers hand their batches in (submit) and go on; the
+Were each follower to store each batch of its job in a transaction of its own (BEGIN, the job's
+row locked and checked, COPY, UPDATE, COMMIT), a worker following 200 jobs that print a line a
+second would spend 70% of its interpreter's time in those round trips (BENCHMARKS.md §15), and
+1,000 jobs would be out of reach. So the followers hand their batches in (submit) and go on; the
 process's writer thread stores every batch handed in while its last round ran, in one
 transaction: the jobs' rows locked and checked in one SELECT, every line in one COPY, every
 job's offset, seq and cursor in one UPDATE. A follower looks at its batch's answer (Pending)
@@ -77,8 +77,8 @@ class GroupWriter:
     def submit(self, job_id, lines, start, end, splitter_state, follower=None, cursor=None, first_seq=None):
         # A follower that knows where its job's seq stands prepares its batch here, in its own
         # thread, while this writer stores the round before: the writer only checks, COPYs and
-        # commits (on a 64-rank job's output, preparing in the writer kept the database waiting
-        # for a quarter of each round). Other batches are prepared by the writer.
+        # commits (on a 64-rank job's output, preparing in the writer would keep the database
+        # waiting for a quarter of each round). Other batches are prepared by the writer.
         made = None
         if first_seq is not None and logstore.on_postgresql():
             made = logstore.prepare(job_id, lines, first_seq, timezone.now())
@@ -142,10 +142,10 @@ class GroupWriter:
 def _writer_first(batches):
     """While a big round is stored, the interpreter switches threads every 0.5 ms instead of 5:
     a job printing a lot is the writer's alone (its follower splits the next read meanwhile,
-    and the announcer encodes the last round), and each database call of the round waited for
-    the GIL up to 5 ms on return (the row lock's SELECT took 6-22 ms instead of 1; BENCHMARKS.md
+    and the announcer encodes the last round); at 5 ms each database call of the round waits for
+    the GIL up to 5 ms on return (the row lock's SELECT takes 6-22 ms instead of 1; BENCHMARKS.md
     §1). Small rounds, a worker's many jobs printing a line now and then, keep the default: at
-    0.5 ms all the time, one worker following 500 jobs used 8% more CPU (§1)."""
+    0.5 ms all the time, one worker following 500 jobs uses 8% more CPU (§1)."""
     if sum(len(batch.lines) for batch in batches) < BIG_ROUND_LINES:
         yield
         return
@@ -210,7 +210,7 @@ def _store(batches):
         logstore.copy("".join(lines_texts), "".join(points_texts))
         _update_jobs(updates)
         # The round's pushes go out together (one after another, 1,000 jobs' round trips to
-        # Redis kept every follower waiting on the round for most of a second), encoded and sent
+        # Redis would keep every follower waiting on the round for most of a second), encoded and sent
         # by the announcer thread while this one stores the next round. Robust: what is
         # committed is stored, whatever becomes of its announcement (viewers resync).
         transaction.on_commit(lambda: live.publish_many_later(
@@ -219,11 +219,11 @@ def _store(batches):
         batch.stored = batch in accepted
 
 
-# The two statements of every round are made once, not in each round: a round of one job's one
-# line (a training job's progress line) spent a quarter of its interpreter time compiling them.
-# And they are prepared once on each connection (PREPARE, then EXECUTE each round): PostgreSQL
-# parsed and planned both again in every round, a third of its CPU for a one-line round
-# (1.25-1.30 ms -> 0.85-0.95 ms; BENCHMARKS.md §14). Their parameters are arrays, so one prepared
+# The two statements of every round are made once, not in each round: compiling them would take
+# a quarter of the interpreter time of a round of one job's one line (a training job's progress
+# line). And they are prepared once on each connection (PREPARE, then EXECUTE each round): else
+# PostgreSQL parses and plans both again in every round, a third of its CPU for a one-line round
+# (1.25-1.30 ms a round unprepared, 0.85-0.95 ms prepared; BENCHMARKS.md §14). Their parameters are arrays, so one prepared
 # statement serves a round of any number of jobs.
 
 _prepared_on = weakref.WeakKeyDictionary()      # DB-API connection -> names of the statements prepared on it

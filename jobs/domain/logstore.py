@@ -4,7 +4,7 @@ append_output() is a compare-and-set on the job's output offset, under the job's
 batch is stored only if it starts exactly where the stored output ends. Two followers of one
 job (a re-attach racing a slow old one) therefore can never store a line twice or skip one.
 
-On PostgreSQL the rows go in with COPY: bulk_create spent most of a batch building model
+On PostgreSQL the rows go in with COPY: bulk_create spends most of a batch building model
 instances and INSERT parameters, and COPY stores the same rows in about a third of that time
 (BENCHMARKS.md, "ingest"). Other databases (SQLite, the embedded default) use bulk_create. Either
 way the rows, the row lock, the offset check and the announcement after commit are the same.
@@ -32,7 +32,7 @@ def _clean(text):
 
 def _needs_copy_escape(text):
     """Whether `text` holds a character COPY's text format escapes (five substring tests: a
-    regex search of the same took eighteen times as long)."""
+    regex search of the same takes eighteen times as long)."""
     return "\\" in text or "\t" in text or "\n" in text or "\r" in text or _NUL in text
 
 
@@ -46,7 +46,7 @@ def _copy_text(text):
 
 def _copy_texts_of(texts):
     """`texts` as COPY text values: asked once of their join, as a batch's lines mostly need no
-    escape (a test per line cost the 64-rank benchmark's follower two thirds of its COPY formatting)."""
+    escape (a test per line costs the 64-rank benchmark's follower two thirds of its COPY formatting)."""
     return list(map(_copy_text, texts)) if _needs_copy_escape("".join(texts)) else texts
 
 
@@ -60,7 +60,7 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
     now = timezone.now()
     with transaction.atomic():
         # The fields read as values, and written with one UPDATE: no model instance to build and
-        # save on each batch (a worker following hundreds of jobs spent a third of its time there).
+        # save on each batch (that would take a third of the time of a worker following hundreds of jobs).
         job = (Job.objects.select_for_update().filter(pk=job_id).values(*HELD_FIELDS).first())
         if not takes(job, start, follower):
             return False
@@ -116,7 +116,7 @@ def prepare(job_id, lines, first_seq, now, copy_text=None):
     a time of their own get `now`. `copy_text`: make the COPY text (default: on PostgreSQL).
 
     Made column by column, with no Python step per line where a batch's lines share what they
-    are (a 64-rank job's follower spent a third of its time in a loop over every line here)."""
+    are (a loop over every line here would take a third of a 64-rank job's follower's time)."""
     if lines:
         ranks, streams, texts, stamps = zip(*lines)
     else:
@@ -163,8 +163,8 @@ def announce_after_commit(job_id, rows, points):
 
 
 # A push's lines, about (their text): a large batch goes out as several pushes, each small enough
-# to carry its lines. One push for a 1 MiB chunk was too large to travel, so every viewer read
-# the whole chunk back from the database (BENCHMARKS.md, ingest).
+# to carry its lines. One push for a 1 MiB chunk is too large to travel, and every viewer would
+# read the whole chunk back from the database (BENCHMARKS.md, ingest).
 PUSH_TEXT_BYTES = 256 << 10
 _LINE_OVERHEAD = 100                    # a line's JSON beside its text: seq, rank, stream, time
 
@@ -205,8 +205,8 @@ def _create_rows(rows, points):
 
 @functools.cache
 def _copy_statement(model, *names):
-    """COPY's statement for `names` of `model` (made once: a writer round of one line spent a
-    tenth of its time quoting the same names)."""
+    """COPY's statement for `names` of `model` (made once: quoting the same names each time
+    would take a tenth of a one-line writer round)."""
     columns = ", ".join(connection.ops.quote_name(model._meta.get_field(name).column) for name in names)
     return f"COPY {connection.ops.quote_name(model._meta.db_table)} ({columns}) FROM STDIN"
 

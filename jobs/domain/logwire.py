@@ -5,7 +5,7 @@ the REST API's serializers (a line's time in the current zone, a point's in UTC;
 the launcher's rank).
 
 The text is what json.dumps makes of those dicts, written line by line with json's own C string
-encoder: building a dict per line for json.dumps cost three times as much, and the follower
+encoder: building a dict per line for json.dumps costs three times as much, and the follower
 encodes every line it stores (BENCHMARKS.md, ingest).
 """
 from datetime import timezone as dt_timezone

@@ -2,12 +2,12 @@
 only where someone hears them (jobs.domain.audience).
 
 The layer publishes one message at a time, each a round trip to Redis under its connection's
-lock: a round of 1,000 followed jobs' pushes kept the announcement loop busy for a quarter of
-the worker's interpreter time. With one Redis host, the same PUBLISH commands (the layer's own
+lock: a round of 1,000 followed jobs' pushes would keep the announcement loop busy for a quarter
+of the worker's interpreter time. With one Redis host, the same PUBLISH commands (the layer's own
 channel names and serializer) go out in one pipeline instead, sent by the calling thread (the
 announcer) with a plain Redis client: handed to the announcement loop, a training job's line a
-round cost the loop's wake-up and redis.asyncio's pipeline, about as much of the worker's CPU
-as storing the line (BENCHMARKS.md §14).
+round would cost the loop's wake-up and redis.asyncio's pipeline, about as much of the worker's
+CPU as storing the line (BENCHMARKS.md §14).
 
 A process that publishes line pushes also listens for the web processes' notices that they
 relay a job from now on (every installation's "watching" group; a notice names the job's group),

@@ -1,11 +1,11 @@
 """One receiver of a job's announcements per web process, for all of that job's viewers.
 
 The follower announces each stored batch once, with its lines encoded (jobs.domain.live).
-Before, every viewer received it through a channel-layer queue of its own: 200 viewers of a
-job meant 200 subscriptions, 200 decodings and 200 dispatches per push, and a viewer that fell
-behind had a queue of pushes to skip. Now a job's relay receives each announcement once, keeps
-the recent pushes, and wakes the job's viewers (jobs.web.consumers); a viewer that is still
-sending when more arrive is woken once for all of them and sends them as one frame.
+A job's relay receives each announcement once, keeps the recent pushes, and wakes the job's
+viewers (jobs.web.consumers); a viewer that is still sending when more arrive is woken once for
+all of them and sends them as one frame. A channel-layer queue for each viewer would cost 200
+subscriptions, 200 decodings and 200 dispatches per push for 200 viewers of a job, and leave a
+viewer that falls behind a queue of pushes to skip.
 
 A relay subscribes before its first viewer reads the database, then says that it relays the job
 (a worker leaves out the pushes of jobs nobody watches), and lives while the job has a viewer in
