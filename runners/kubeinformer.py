@@ -1,9 +1,9 @@
 """What a worker process sees of one namespace: one watch per kind, shared by every job it follows.
 
-Following each MPIJob with a watch of its own and a list of its pods every 2 s cost a thread and
-250 requests a second per 500 jobs, at the worker and at the API server. As client-go's shared
-informers do for a controller, a worker process instead keeps, per cluster, namespace and
-portal, one list-then-watch of each kind the follow looks at:
+Following each MPIJob with a watch of its own and a list of its pods every 2 s would cost a thread
+and 250 requests a second per 500 jobs, at the worker and at the API server. So, as client-go's
+shared informers do for a controller, a worker process keeps, per cluster, namespace and portal,
+one list-then-watch of each kind the follow looks at:
 
 - the portal's MPIJobs and their pods (label selector: made by this portal);
 - the events of MPIJobs (the operator's ValidationError), which carry no labels.

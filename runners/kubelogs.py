@@ -1,8 +1,8 @@
 """The launcher pods' logs, streamed on one event loop for every job a process follows.
 
 A log stream (`GET …/pods/<pod>/log?follow=true`) is one long-lived HTTP response per job. Read
-by a thread each, a worker following a thousand jobs held a thousand threads that each woke for
-every line. Here one asyncio loop (a thread of the process) reads every stream with aiohttp, and
+by a thread each, a worker following a thousand jobs would hold a thousand threads that each wake
+for every line. So one asyncio loop (a thread of the process) reads every stream with aiohttp, and
 hands what arrives to the stream's owner (`on_data`, then `on_end`), called on the loop: the
 owner queues it and rings its follow's bell (runners.base.Bell).
 

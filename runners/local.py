@@ -237,7 +237,7 @@ class WriteWatch:
     first read so no write between a read and the wait is missed (its descriptor stays readable
     until drained), and the launcher's end where wakes_on() is given its pidfd (the two under
     one epoll descriptor, as a follow waits on one). Where inotify cannot be had (the user's
-    max_user_instances used up), waits `fallback` seconds at a time, as polling did."""
+    max_user_instances used up), waits `fallback` seconds at a time: it polls."""
 
     MASK = inotify_flags.MODIFY | inotify_flags.MOVED_TO | inotify_flags.CLOSE_WRITE
 
@@ -298,7 +298,7 @@ class LauncherWatch:
     is known to, a pidfd of it (`fd`): readable when it ends, so that a follower of a quiet job
     is woken by the end itself instead of looking every IDLE_WAKE_SECONDS. Without pidfds (Linux
     before 5.3, a seccomp filter that refuses pidfd_open) it reads the pid file and /proc each
-    time it is asked, as the follower did before."""
+    time it is asked."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -361,8 +361,8 @@ def _marked(process, marker):
 class MarkedProcesses:
     """A job's processes, looked for again and again (its telemetry, every few seconds): each
     process's environment is read once it shows one, not at every look. Reading every
-    environment of the machine was most of what a follower cost while its job trained quietly
-    (BENCHMARKS.md §14). Called: the job's processes now, zombies and the ended among them
+    environment of the machine at each look would be most of what a follower costs while its job
+    trains quietly (BENCHMARKS.md §14). Called: the job's processes now, zombies and the ended among them
     included (the caller skips those). A pid is forgotten once it is gone from /proc; for it to
     name another process at the next look, the kernel would have to hand out every pid between."""
 

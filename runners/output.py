@@ -95,7 +95,7 @@ _STATE_VERSION = 1
 
 class Line(NamedTuple):
     """One line of output (immutable; a tuple, as the splitter makes one for every line and a
-    frozen dataclass cost more to build than the rest of the fast path)."""
+    frozen dataclass costs more to build than the rest of the fast path)."""
 
     rank: int | None  # None = launcher (untagged)
     stream: str  # "stdout" | "stderr"  (Open MPI "stddiag" -> "stderr")
@@ -666,7 +666,8 @@ def extract_metrics(text: str) -> list[Metric]:
 def lines_with_metrics(texts: list[str]) -> list[int]:
     """The indices, in order, of the texts in which :func:`extract_metrics` can find a metric (in
     the others it finds none): four substring tests in one comprehension, with no call per text
-    (most lines hold no metric, and a 64-rank job's follower called extract_metrics on each)."""
+    (most lines hold no metric, and a 64-rank job's follower would otherwise call extract_metrics
+    on each)."""
     prefix, benchmark, mnist_train, mnist_test = METRIC_PREFIX, *_EXAMPLE_MARKERS
     return [index for index, text in enumerate(texts)
             if prefix in text or benchmark in text or mnist_train in text or mnist_test in text]

@@ -412,7 +412,7 @@ class ExecOutput(PolledOutput):
 class StreamOutput:
     """Reads output.log through one long-lived exec channel (STREAM: `tail -f` from the byte
     offset, ending with the job's launcher): a write reaches the follower as it happens, where
-    polling found it up to a poll interval later, and a quiet job costs no reads. On a host whose
+    polling finds it up to a poll interval later, and a quiet job costs no reads. On a host whose
     tail cannot follow a process, reads by polling instead (`polling()`)."""
 
     def __init__(self, client, directory, timeout, wait, polling):
