@@ -434,8 +434,8 @@ def _number_at(raw, start, end_char):
 def _frame_of_lines(raw):
     """(first seq, last seq, lines, stamped lines, the first stamped line's stamp or None) of a
     lines frame, read with C-speed scans and no Python work per line: 200 viewers share the two
-    cores with the portal they measure (a regex pass per frame and a float per line took 40% of
-    the viewers' CPU, which was a core of the two)."""
+    cores with the portal they measure (a regex pass per frame and a float per line would take
+    40% of the viewers' CPU, a core of the two)."""
     count = raw.count(_SEQ_KEY)
     if not count:
         return None

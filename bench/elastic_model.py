@@ -8,7 +8,7 @@ not the portal (the portal is what elastic_trace.py measures).
   (the newest first, never below their minimum).
 - After the pass, running elastic jobs grow into what is free (the oldest first), also while a
   job waits for more than is free: the GPUs are lent, and the waiting job takes them back by
-  the first rule (`--no-lend`: they stay idle, the rule before 2026-11-28); a job admitted in
+  the first rule (`--no-lend`: they stay idle, a scheduler that does not lend); a job admitted in
   that pass starts at the size it grows to.
 - A job's start costs START seconds of no progress (horovodrun, the ranks' imports), a growth
   GROW (a reset, a new rank's start), a shrink SHRINK; a job can be resized once it has run

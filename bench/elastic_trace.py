@@ -12,8 +12,8 @@ Its minimum is its size. The other jobs, and every job of the fixed run, run the
 plainly.
 
 SCALE multiplies every job's work and every gap between arrivals (the offered load stays the
-same): at 1 (the first runs, BENCHMARKS.md §11) a job's start (horovodrun, every rank importing
-torch: 8-12 s on two cores) was a tenth to a half of its run, and a growth's new rank as much
+same): at 1 (BENCHMARKS.md §11) a job's start (horovodrun, every rank importing
+torch: 8-12 s on two cores) is a tenth to a half of its run, and a growth's new rank as much
 again; at 3 (the default) jobs run 2-6 minutes of one GPU's work and a start is a few percent
 of it, as it is for real training.
 

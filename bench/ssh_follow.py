@@ -5,10 +5,10 @@ generated keys), the SSH runner's launch (horovodrun --gloo, 2 ranks) and follow
 prints `tick <time.time()>` lines at a steady rate; the follower's Output events are timed as
 they come, so lag = time the follower had the line - time printed.
 
-Two hosts, one sshd each, alternated run by run in one session:
+Two hosts, one sshd each, alternated run by run in one invocation:
   streamed  the host's GNU tail: the follower reads output.log through one `tail -f` channel
   polled    a host whose tail has no --pid (a stand-in, as on busybox): the follower polls
-            output.log over SFTP every poll interval (0.2 s, the default), as before streaming
+            output.log over SFTP every poll interval (0.2 s, the default), as on a host that cannot stream
 
 Also the follower's CPU per 1,000 lines (this process: the runner's threads and paramiko's),
 and during a quiet stretch of the job (no output), its CPU per second.

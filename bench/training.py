@@ -1,5 +1,5 @@
 """Training overhead: Horovod synthetic-benchmark throughput (img/s) of a 2-rank job run through
-the portal, against the same command run directly with horovodrun, in the same session.
+the portal, against the same command run directly with horovodrun, in the same invocation.
 
 Portal: jobs/examples/synthetic_benchmark.py is uploaded and submitted over the REST API to a
 real uvicorn, admitted and run by a real Celery worker (--pool threads) with the local runner,
@@ -286,7 +286,7 @@ def database_cpu_seconds():
     and publishes run there; between runs only their own housekeeping), and of those that have
     ended since the first reading: a connection's backend ends when CONN_MAX_AGE has passed, and
     its minutes of CPU must not leave the sum. Each process is named once (psutil.process_iter
-    over the machine's processes cost 2.4 ms a reading, beside the ranks)."""
+    over the machine's processes costs 2.4 ms a reading, beside the ranks)."""
     import psutil
 
     pids = psutil.pids()
@@ -305,7 +305,7 @@ def database_cpu_seconds():
 
 def ratio_interval(portal, direct, resamples=10_000, seed=0):
     """A 95% percentile-bootstrap interval of median(portal) / median(direct), resampling the
-    alternated pairs together (what one more session of the same runs could give)."""
+    alternated pairs together (what one more invocation of the same runs could give)."""
     import random
 
     rng = random.Random(seed)
