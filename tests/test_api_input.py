@@ -1,5 +1,5 @@
-"""Input that used to reach the database or the encoder and come back as a 500 (found by
-fuzzing): each is a 400 naming the field, or a 404, on the API and the pages."""
+"""Input that, unchecked, would reach the database or the encoder and come back as a 500 (what
+fuzzing turns up): each is a 400 naming the field, or a 404, on the API and the pages."""
 import json
 
 import pytest

@@ -1,7 +1,7 @@
 """The follow hub: one event loop and a few threads follow every job of a worker process.
 
-A followed job used to hold a thread of its own (two on Kubernetes: its log stream's too), so a
-worker following a thousand jobs on two cores spent itself switching between threads.
+No followed job holds a thread of its own: with one each (two on Kubernetes: its log stream's
+too), a worker following a thousand jobs on two cores would spend itself switching between threads.
 """
 import threading
 import time

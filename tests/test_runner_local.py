@@ -81,7 +81,7 @@ def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
 
 def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_ends(tmp_path):
     """inotify, not a timer: while the job is quiet the follow waits on a descriptor (5 s or
-    longer, not the 20 ms poll it replaced), which stays quiet for a quiet second, yet a printed
+    longer, not a 20 ms poll), which stays quiet for a quiet second, yet a printed
     line and the end arrive well within a second."""
     from dataclasses import replace
 

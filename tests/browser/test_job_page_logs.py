@@ -164,9 +164,9 @@ def test_search_shows_each_hit_with_its_context_and_jumps_to_it_in_the_full_log(
     expect(page.locator("#log-follow")).not_to_be_checked()
 
     def scrolled_to_end():
-        # The bottom and the last line held are read together, then the view is scrolled down (a
-        # check that read them apart took the bottom of the lines held before the last page
-        # landed for the end of the log).
+        # The bottom and the last line held are read together, then the view is scrolled down (read
+        # apart, the bottom of the lines held before the last page landed could pass for the end
+        # of the log).
         found = at_end(page)
         page.locator("#log").evaluate("el => { el.scrollTop = el.scrollHeight; }")
         return found == (True, total - 1)

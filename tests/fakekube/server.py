@@ -641,8 +641,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
             if bookmarks and not fake.stopping.is_set():
                 # As the API server's: every event up to the bookmark's version was sent first.
-                # (A bookmark at the store's version with events still queued made a client
-                # that resumes from it skip them: a follower never saw its MPIJob run.)
+                # (A bookmark at the store's version with events still queued would make a
+                # client that resumes from it skip them: a follower would never see its MPIJob run.)
                 with store.lock:
                     pending, rv = _drain(watcher.queue), store.rv
                 for etype, obj in pending:

@@ -260,7 +260,7 @@ def test_a_batch_that_cannot_be_stored_fails_only_its_own_follower(make_user, im
 def test_a_big_round_gets_the_gil_back_sooner_and_the_worker_its_switch_interval_after(make_user, image, monkeypatch):
     """A round of a job that printed a lot runs with a 0.5 ms switch interval (the writer is then
     what the job's viewers wait for); small rounds, and the worker once any round ended, failed
-    ones too, keep the interval they had (0.5 ms all the time cost a worker of 500 jobs 8% more
+    ones too, keep the interval they had (0.5 ms all the time costs a worker of 500 jobs 8% more
     CPU: BENCHMARKS.md §1)."""
     import sys
 
@@ -419,9 +419,9 @@ def test_a_stale_follower_is_replaced_and_the_log_has_no_gap_or_repeat(api):
 
 def test_jobs_being_followed_never_keep_a_launch_waiting(api):
     """A worker with one pool thread and three 20 s jobs: each is launched while the ones before
-    it are followed (in threads outside the pool), so all three run at once. (Following in the
-    pool, the second started only when the first ended: with the default 16 threads the 17th job
-    sat LAUNCHING.)"""
+    it are followed (in threads outside the pool), so all three run at once. (Followed in the
+    pool, the second would start only when the first ended: with the default 16 threads the 17th
+    job would sit LAUNCHING.)"""
     single = api.start_worker("single", concurrency=1)
     try:
         script = upload(api)
@@ -451,9 +451,9 @@ def database_connections(pid):
 def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
     """Six jobs followed at once by a worker whose followers share two database connections
     (RINGMASTER_FOLLOWER_DB_CONNECTIONS): the worker holds at most those two and its one pool
-    thread's, and every job ends with every line. (Each follower and each of its job's telemetry
-    samplers held a connection of its own before, up to 12 here: a worker following 50 jobs went past
-    PostgreSQL's default max_connections and the next follower could not connect.)"""
+    thread's, and every job ends with every line. (A connection of its own for each follower and
+    each of its job's telemetry samplers would be up to 12 here: a worker following 50 jobs would go
+    past PostgreSQL's default max_connections and the next follower could not connect.)"""
     api.stop_workers()                # this worker alone admits (with room for six) and follows them
     worker = api.start_worker("frugal", concurrency=1, RINGMASTER_FOLLOWER_DB_CONNECTIONS="2",
                               RINGMASTER_LOCAL_GPUS="6")

@@ -186,8 +186,8 @@ def sshd_without_sftp(sshds, tmp_path):
 
 
 def test_an_instance_without_sftp_runs_a_job_to_the_end_with_all_its_output(http, sshds, sshd_without_sftp):
-    """The output is read over exec where the server has no SFTP (the job once stayed RUNNING,
-    with an empty reason, for good)."""
+    """The output is read over exec where the server has no SFTP: the job does not stay RUNNING,
+    with an empty reason, for good."""
     import paramiko
 
     probe = paramiko.SSHClient()

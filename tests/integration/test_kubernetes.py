@@ -195,8 +195,8 @@ def test_a_watch_answered_410_gone_relists_and_the_job_still_finishes(http, fake
 def test_jobs_followed_at_once_share_one_watch_per_kind_of_their_namespace(http, fake, cluster):
     """Four jobs followed at once by one worker: what the cluster says of them comes from one
     watch of the namespace's MPIJobs, pods and MPIJob events (a shared informer), not from a
-    watch and a pod list every 2 s per job, which made a thousand followed jobs 500 requests a
-    second. Each job still gets its own lines and its own end."""
+    watch and a pod list every 2 s per job, which would make a thousand followed jobs 500 requests
+    a second. Each job still gets its own lines and its own end."""
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold)
     start = len(fake.raw_requests)
@@ -218,8 +218,8 @@ def test_jobs_followed_at_once_share_one_watch_per_kind_of_their_namespace(http,
 def test_a_worker_follows_thirty_jobs_with_fewer_threads_than_jobs(http, fake, cluster, celery_worker):
     """Thirty MPIJobs printing and held running, followed by one worker: their launchers' log
     streams are read on one event loop and their follows are steps of the worker's follow hub,
-    so the worker's threads grow by fewer than one a job (it was two a job: the follow and its
-    log stream's reader, and a thousand jobs on two cores collapsed). Each job still gets its
+    so the worker's threads grow by fewer than one a job (with two a job, the follow and its
+    log stream's reader, a thousand jobs on two cores would collapse). Each job still gets its
     own lines and its own end."""
     import psutil
 

@@ -89,7 +89,7 @@ def test_an_evicted_worker_of_an_elastic_mpijob_is_replaced_and_the_job_goes_on(
     Cluster.objects.filter(pk=cluster.pk).update(gpu_limit=3)
     hold = threading.Event()
     # Its replacement takes a second to run, as on a cluster: Horovod trains on 2 GPUs meanwhile
-    # (a replacement running at once left no step at 2 when the portal deleted the evicted pod fast).
+    # (a replacement running at once would leave no step at 2 when the portal deletes the evicted pod fast).
     fake.scenario = Scenario(hold=hold, step_seconds=0.1, evict_worker=1, worker_start_seconds=1.0)
     job_id = submit(http, gpus=2, max_gpus=3)
     first = wait_size(job_id, 3)                                  # three one-GPU workers

@@ -475,9 +475,9 @@ def horovodrun_option_words():
 
 @pytest.mark.parametrize("backend", ["local", "ssh"], indirect=True)
 def test_the_scripts_words_reach_it_as_given_and_never_horovodrun(backend):
-    """`--network resnet50` once failed the job with horovodrun's "ambiguous option": horovodrun
-    read the script's words as abbreviations of its own options. Every such word reaches every
-    rank as given."""
+    """horovodrun reads words it is given as abbreviations of its own options (`--network
+    resnet50` would fail the job with its "ambiguous option"). Every such word of the script
+    reaches every rank as given."""
     words = horovodrun_option_words()
     spec = dataclasses.replace(backend.spec(Plan()), script_name="argv.py", script_content=ARGV_SCRIPT,
                                args=tuple(words))

@@ -179,8 +179,8 @@ def test_many_viewers_of_one_job_each_get_every_line_once(live_portal, job, alic
 
 
 def test_a_connected_viewer_does_not_hold_the_web_server_when_it_stops(restartable_portal, job, alice):
-    """A restart with viewers connected is quick (it once waited out the 10 s graceful limit on a
-    blocked Redis read): the viewer is told at once and the server is gone within a few seconds."""
+    """A restart with viewers connected is quick (it does not wait out the 10 s graceful limit on
+    a blocked Redis read): the viewer is told at once and the server is gone within a few seconds."""
     import time
 
     headers = token_header(alice)
@@ -437,11 +437,10 @@ class FollowedFakeJob:
         self.following.join(60)
         assert not self.following.is_alive()
         dbpool.pool().close_all()           # the test database is dropped at the end of the session
-        # The database is emptied after the test (TRUNCATE): a fresh-clone run deadlocked there
-        # twice with the scheduler's pass that the job's end woke (a dispatch task for the
-        # worker, which reads the quotas). So: once the worker has taken that task and is idle,
-        # and no other connection is in the middle of something (the web process ending the
-        # viewer's relay).
+        # The database is emptied after the test (TRUNCATE), which can deadlock with the
+        # scheduler's pass that the job's end woke (a dispatch task for the worker, which reads
+        # the quotas). So: once the worker has taken that task and is idle, and no other
+        # connection is in the middle of something (the web process ending the viewer's relay).
         wait_for(lambda: worker.output().count("] received") > received, timeout=30,
                  message="the worker to take the scheduler's pass that the job's end woke")
         wait_worker_idle(worker)
