@@ -2,7 +2,7 @@
 # Entrypoint of the portal image (deploy/Dockerfile). One image, one process per container:
 #
 #   web                  uvicorn, ASGI: Django views over HTTP and Channels websockets
-#   worker               the Celery worker (thread pool for tasks; a thread per followed job)
+#   worker               the Celery worker (thread pool for tasks; followed jobs in its follow hub)
 #   beat                 Celery beat: reconcile every 15 s, instance health every minute
 #   migrate              apply the database migrations, then exit
 #   wait-for-migrations  wait until the database has every migration (init container of
