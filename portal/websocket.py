@@ -3,16 +3,17 @@ uvicorn with `--ws portal.websocket:WebSocketProtocol` (deploy/Procfile, deploy/
 
 uvicorn compresses each frame (permessage-deflate, on unless `--ws-per-message-deflate false`) at
 zlib's default level, 6, each connection with its own compression context. A viewer's frames
-are the job's log as JSON, and compressing them was the web process's largest cost: 40-50% of
-uvicorn's CPU while one viewer followed a 64-rank job, and 72% with 200 viewers of one job, who
-mostly receive the same frames (the same push of lines) and had them compressed once each.
-Here (BENCHMARKS.md §1, §3):
+are the job's log as JSON, and compressing them that way is the web process's largest cost: 40-50%
+of uvicorn's CPU while one viewer follows a 64-rank job, and 72% with 200 viewers of one job, who
+mostly receive the same frames (the same push of lines) and have them compressed once each. So
+here (BENCHMARKS.md §1, §3):
 
 - level 1 (nginx's default gzip level): the same log text in half the time, to 1.25x the bytes;
 - no context kept between messages (`server_no_context_takeover`, RFC 7692 §7.1.1.1), so that a
   frame's compressed bytes depend on the frame alone: the process compresses a frame once and
   sends the same bytes to every viewer it goes to (SharedDeflate). Frames of a few KiB come out
-  4.4 times smaller instead of 6; frames of a busy job's pushes (about 256 KiB) as small as before.
+  4.4 times smaller instead of 6; frames of a busy job's pushes (about 256 KiB) as small as with
+  a kept context.
 
 Everything else (window bits, memory level, the handshake) is uvicorn's.
 """

@@ -11,8 +11,8 @@ layer's Redis connections are reused: async_to_sync would start a new loop, and 
 Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
 The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
 the server's loop: there announcements go through async_to_sync, which hands the call to that
-loop, and only for a job this process has a viewer of (a worker's pushes reach nobody; the web process's viewers poll
-the database and leave a mark that they looked: audience.Pollers).
+loop, and only for a job this process has a viewer of (a worker's pushes reach nobody; the web
+process's viewers poll the database and leave a mark that they looked: audience.Pollers).
 """
 import asyncio
 import logging

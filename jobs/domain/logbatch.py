@@ -223,8 +223,8 @@ def _store(batches):
 # a quarter of the interpreter time of a round of one job's one line (a training job's progress
 # line). And they are prepared once on each connection (PREPARE, then EXECUTE each round): else
 # PostgreSQL parses and plans both again in every round, a third of its CPU for a one-line round
-# (1.25-1.30 ms a round unprepared, 0.85-0.95 ms prepared; BENCHMARKS.md §14). Their parameters are arrays, so one prepared
-# statement serves a round of any number of jobs.
+# (1.25-1.30 ms a round unprepared, 0.85-0.95 ms prepared; BENCHMARKS.md §14). Their parameters
+# are arrays, so one prepared statement serves a round of any number of jobs.
 
 _prepared_on = weakref.WeakKeyDictionary()      # DB-API connection -> names of the statements prepared on it
 
