@@ -1,6 +1,6 @@
 """A model of bench/elastic_trace.py's two arms, to say what one trace can show before an hour
 of real runs does: the scheduler's elastic rules as jobs.domain.elastic states them, in
-simulated time, with the costs the real runs showed as parameters. It is a model of the rules,
+simulated time, with the costs the real runs show as parameters. It is a model of the rules,
 not the portal (the portal is what elastic_trace.py measures).
 
 - Admission in arrival order; the first job that does not fit holds everything behind it (no
