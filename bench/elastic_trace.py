@@ -12,10 +12,10 @@ Its minimum is its size. The other jobs, and every job of the fixed run, run the
 plainly.
 
 SCALE multiplies every job's work and every gap between arrivals (the offered load stays the
-same): at 1 (BENCHMARKS.md §11) a job's start (horovodrun, every rank importing
-torch: 8-12 s on two cores) is a tenth to a half of its run, and a growth's new rank as much
-again; at 3 (the default) jobs run 2-6 minutes of one GPU's work and a start is a few percent
-of it, as it is for real training.
+same): at 1 a job's start (horovodrun, every rank importing torch: 8-12 s on two cores) is
+a tenth to a half of its run, and a growth's new rank as much again; at 3 (the default) jobs
+run 2-6 minutes of one GPU's work and a start is a few percent of it, as it is for real
+training.
 
     .venv/bin/python bench/elastic_trace.py [--jobs 30] [--gap 14] [--scale 3] [--seed 7]
         [--only fixed|elastic] [--results FILE]

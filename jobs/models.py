@@ -169,9 +169,9 @@ class LogLine(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # Output is the largest, fastest-growing table. No foreign key in the database: PostgreSQL
-    # would check it row by row at each commit, 35 of a 7,500-line batch's 95 ms (BENCHMARKS.md,
-    # ingest). Rows are written only under the job's row lock, and a job's delete takes that lock
-    # first (jobs.domain.receivers), so no line outlives its job; Django deletes them with it.
+    # would check it row by row at each commit, a large share of a big batch's commit. Rows are
+    # written only under the job's row lock, and a job's delete takes that lock first
+    # (jobs.domain.receivers), so no line outlives its job; Django deletes them with it.
     # No index of its own either: the job's (job, seq) ones begin with it.
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines", db_constraint=False,
                             db_index=False)

@@ -3,10 +3,10 @@
 Modules, settings, Django's app registry and URL resolvers live as long as the process. Python's
 full collection (generation 2) scans every object the collector tracks, all threads stopped (it
 holds the GIL); it runs whenever enough new objects have survived, as a 64-rank job's lines do
-while they wait to be stored. In the benchmark's follower one takes 84-91 ms when it runs, in
-half of the runs without the freeze (BENCHMARKS.md §1). gc.freeze() moves what exists at start-up
-into a permanent generation that collections skip, as the gc module's documentation describes for
-long-lived processes; what is made later is collected as usual.
+while they wait to be stored (BENCHMARKS.md, ingest): the job's follower then stands still for as
+long as the scan takes. gc.freeze() moves what exists at start-up into a permanent generation
+that collections skip, as the gc module's documentation describes for long-lived processes;
+what is made later is collected as usual.
 """
 import gc
 

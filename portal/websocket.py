@@ -3,10 +3,10 @@ uvicorn with `--ws portal.websocket:WebSocketProtocol` (deploy/Procfile, deploy/
 
 uvicorn compresses each frame (permessage-deflate, on unless `--ws-per-message-deflate false`) at
 zlib's default level, 6, each connection with its own compression context. A viewer's frames
-are the job's log as JSON, and compressing them that way is the web process's largest cost: 40-50%
-of uvicorn's CPU while one viewer follows a 64-rank job, and 72% with 200 viewers of one job, who
-mostly receive the same frames (the same push of lines) and have them compressed once each. So
-here (BENCHMARKS.md §1, §3):
+are the job's log as JSON, and compressing them that way is the web process's largest cost while
+one viewer follows a 64-rank job (BENCHMARKS.md, ingest), and more so with 200 viewers of one job
+(BENCHMARKS.md, fanout), who mostly receive the same frames (the same push of lines) and have
+them compressed once each. So here:
 
 - level 1 (nginx's default gzip level): the same log text in half the time, to 1.25x the bytes;
 - no context kept between messages (`server_no_context_takeover`, RFC 7692 §7.1.1.1), so that a

@@ -362,7 +362,7 @@ class MarkedProcesses:
     """A job's processes, looked for again and again (its telemetry, every few seconds): each
     process's environment is read once it shows one, not at every look. Reading every
     environment of the machine at each look would be most of what a follower costs while its job
-    trains quietly (BENCHMARKS.md §14). Called: the job's processes now, zombies and the ended
+    trains quietly (BENCHMARKS.md, training). Called: the job's processes now, zombies and the ended
     among them included (the caller skips those). A pid is forgotten once it is gone from /proc; for it to
     name another process at the next look, the kernel would have to hand out every pid between."""
 

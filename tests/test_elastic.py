@@ -100,10 +100,9 @@ def test_a_job_whose_ranks_may_not_be_up_yet_is_neither_grown_nor_shrunk(alice, 
 
 def test_a_job_resized_lately_is_resized_again_only_once_it_settles_at_its_new_size(alice, bob, image, script,
                                                                                       four, settings):
-    # As in the trace of BENCHMARKS.md §11: grown, grown again and shrunk within four seconds, a
-    # job's ranks can end up waiting for each other for good (one in the state sync's broadcast,
-    # one in the training loop's allreduce; Horovod issue #3494, which the rank launcher also
-    # works around).
+    # Grown, grown again and shrunk within four seconds, a job's ranks can end up waiting for each
+    # other for good (one in the state sync's broadcast, one in the training loop's allreduce;
+    # Horovod issue #3494, which the rank launcher also works around).
     settings.RINGMASTER_ELASTIC_SETTLE_SECONDS = 30
     job, blocker = elastic_beside(alice, bob, script)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=5))

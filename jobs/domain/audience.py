@@ -7,9 +7,9 @@ that starts relaying a job says so at once, on its installation's "watching" gro
 subscribed and before its viewer reads the database (jobs.web.relay): the job is heard again, and
 where pushes were left unsent meanwhile, one push says where the stored lines end, so that the
 viewer reads what it lacks from the database. A viewer misses no line, and a job nobody watches
-costs no PUBLISH a round: a training job's one-line rounds would otherwise spend a sixth of the
-worker's CPU encoding and publishing pushes nobody receives (0.32% of one core with every push
-sent, 0.04% without; BENCHMARKS.md §14).
+costs no PUBLISH a round: a training job's one-line rounds would otherwise spend part of what
+following the job costs (BENCHMARKS.md, training) on encoding and publishing pushes nobody
+receives.
 
 Only line pushes are left out: changes of state and system samples are rare, and a viewer that
 joins takes nothing of them from the database later.

@@ -7,7 +7,7 @@ under its lock, in the same pass that admits queued jobs.
   and since its last resize. Horovod ignores a change that comes before its ranks are up, and
   one that comes while a reset is under way (a growth's new ranks still starting) can leave the
   ranks each waiting on the others for ever (Horovod issue #3494, which the rank launcher
-  runners/job_python/ringmaster_rank.py also works around; BENCHMARKS.md §11).
+  runners/job_python/ringmaster_rank.py also works around).
 - **Shrink**: a queued job that does not fit its backend's free capacity takes GPUs from running
   elastic jobs of the same backend whose priority is not higher than its own (lowest priority
   first, then the newest), never below their minimum, if that frees enough for it.

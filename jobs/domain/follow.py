@@ -40,8 +40,9 @@ HOST_CHECK_SECONDS = 5          # how often an elastic job's hosts are looked at
 # gathered for this long before its follow reads on: one writer round a second instead of one a
 # line. Ungathered, a training job's progress line every 0.1-0.2 s costs a round each (the
 # worker's wake-up, read and split, five round trips to PostgreSQL and their commit), for nobody:
-# following it costs 1.9% of one core, 0.6% gathered (BENCHMARKS.md §14). Its first viewer reads
-# what is stored and gets the rest live; from then on every line is stored and pushed as it comes.
+# following it costs 1.9-2.6% of one core, 0.6% gathered (BENCHMARKS.md, training). Its first
+# viewer reads what is stored and gets the rest live; from then on every line is stored and
+# pushed as it comes.
 UNWATCHED_GATHER_SECONDS = 1.0
 UNWATCHED_GATHER_BELOW_BYTES = 64 << 10      # a larger read: the job prints a lot, read on at once
 

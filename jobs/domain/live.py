@@ -8,7 +8,7 @@ Redis's pub/sub layer (the default with Redis) the calling thread PUBLISHes them
 one plain Redis client per process, in the layer's channel names and serializer. Other Redis
 layers run them on one event loop per process, kept in a background thread, so the channel
 layer's Redis connections are reused: async_to_sync would start a new loop, and with it a new
-Redis connection, for every announcement (about 12 ms each, half of it CPU; see BENCHMARKS.md).
+Redis connection, for every announcement.
 The in-memory layer (no Redis) serves consumers of this very process, whose queues belong to
 the server's loop: there announcements go through async_to_sync, which hands the call to that
 loop, and only for a job this process has a viewer of (a worker's pushes reach nobody; the web
@@ -161,8 +161,8 @@ def publish_many_later(make_messages):
 
     The worker's writer hands a stored round's lines here and goes on to store the next round
     while these are encoded and sent: encoding them in the writer would take a fifth of a large
-    batch's time (BENCHMARKS.md, ingest). Whatever waits here is announced together. A push
-    that overtakes them (a state change) is safe: the consumer sends what is stored first."""
+    batch's time. Whatever waits here is announced together. A push that overtakes them (a state
+    change) is safe: the consumer sends what is stored first."""
     global _later
     with _later_lock:
         # First use in this process, again after a fork, and again if it ever ended (what it

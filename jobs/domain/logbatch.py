@@ -2,12 +2,12 @@
 
 Were each follower to store each batch of its job in a transaction of its own (BEGIN, the job's
 row locked and checked, COPY, UPDATE, COMMIT), a worker following 200 jobs that print a line a
-second would spend 70% of its interpreter's time in those round trips (BENCHMARKS.md §15), and
-1,000 jobs would be out of reach. So the followers hand their batches in (submit) and go on; the
-process's writer thread stores every batch handed in while its last round ran, in one
-transaction: the jobs' rows locked and checked in one SELECT, every line in one COPY, every
-job's offset, seq and cursor in one UPDATE. A follower looks at its batch's answer (Pending)
-before it hands in the next one, or waits for it (append) where it must know.
+second would spend most of its interpreter's time in those round trips, and 1,000 jobs
+(BENCHMARKS.md, followers) would be out of reach. So the followers hand their batches in
+(submit) and go on; the process's writer thread stores every batch handed in while its last
+round ran, in one transaction: the jobs' rows locked and checked in one SELECT, every line in
+one COPY, every job's offset, seq and cursor in one UPDATE. A follower looks at its batch's
+answer (Pending) before it hands in the next one, or waits for it (append) where it must know.
 
 The jobs' rows are locked in id order, as the followers' heartbeat locks them, so the two never
 deadlock; a round that meets a deadlock with other work anyway is tried again. A round that
@@ -143,9 +143,9 @@ def _writer_first(batches):
     """While a big round is stored, the interpreter switches threads every 0.5 ms instead of 5:
     a job printing a lot is the writer's alone (its follower splits the next read meanwhile,
     and the announcer encodes the last round); at 5 ms each database call of the round waits for
-    the GIL up to 5 ms on return (the row lock's SELECT takes 6-22 ms instead of 1; BENCHMARKS.md
-    §1). Small rounds, a worker's many jobs printing a line now and then, keep the default: at
-    0.5 ms all the time, one worker following 500 jobs uses 8% more CPU (§1)."""
+    the GIL up to 5 ms on return, so that a short statement (the row lock's SELECT) takes several
+    times as long. Small rounds, a worker's many jobs printing a line now and then, keep the
+    default: 0.5 ms all the time costs a worker that follows many jobs more CPU."""
     if sum(len(batch.lines) for batch in batches) < BIG_ROUND_LINES:
         yield
         return
@@ -222,9 +222,8 @@ def _store(batches):
 # The two statements of every round are made once, not in each round: compiling them would take
 # a quarter of the interpreter time of a round of one job's one line (a training job's progress
 # line). And they are prepared once on each connection (PREPARE, then EXECUTE each round): else
-# PostgreSQL parses and plans both again in every round, a third of its CPU for a one-line round
-# (1.25-1.30 ms a round unprepared, 0.85-0.95 ms prepared; BENCHMARKS.md §14). Their parameters
-# are arrays, so one prepared statement serves a round of any number of jobs.
+# PostgreSQL parses and plans both again in every round, a third of its CPU for a one-line round.
+# Their parameters are arrays, so one prepared statement serves a round of any number of jobs.
 
 _prepared_on = weakref.WeakKeyDictionary()      # DB-API connection -> names of the statements prepared on it
 

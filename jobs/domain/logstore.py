@@ -5,9 +5,9 @@ batch is stored only if it starts exactly where the stored output ends. Two foll
 job (a re-attach racing a slow old one) therefore can never store a line twice or skip one.
 
 On PostgreSQL the rows go in with COPY: bulk_create spends most of a batch building model
-instances and INSERT parameters, and COPY stores the same rows in about a third of that time
-(BENCHMARKS.md, "ingest"). Other databases (SQLite, the embedded default) use bulk_create. Either
-way the rows, the row lock, the offset check and the announcement after commit are the same.
+instances and INSERT parameters, and COPY stores the same rows in about a third of that time.
+Other databases (SQLite, the embedded default) use bulk_create. Either way the rows, the row
+lock, the offset check and the announcement after commit are the same.
 """
 import functools
 import io

@@ -7,7 +7,7 @@ of the worker's interpreter time. With one Redis host, the same PUBLISH commands
 channel names and serializer) go out in one pipeline instead, sent by the calling thread (the
 announcer) with a plain Redis client: handed to the announcement loop, a training job's line a
 round would cost the loop's wake-up and redis.asyncio's pipeline, about as much of the worker's
-CPU as storing the line (BENCHMARKS.md §14).
+CPU as storing the line (BENCHMARKS.md, training).
 
 A process that publishes line pushes also listens for the web processes' notices that they
 relay a job from now on (every installation's "watching" group; a notice names the job's group),

@@ -260,8 +260,8 @@ def test_a_batch_that_cannot_be_stored_fails_only_its_own_follower(make_user, im
 def test_a_big_round_gets_the_gil_back_sooner_and_the_worker_its_switch_interval_after(make_user, image, monkeypatch):
     """A round of a job that printed a lot runs with a 0.5 ms switch interval (the writer is then
     what the job's viewers wait for); small rounds, and the worker once any round ended, failed
-    ones too, keep the interval they had (0.5 ms all the time costs a worker of 500 jobs 8% more
-    CPU: BENCHMARKS.md §1)."""
+    ones too, keep the interval they had (0.5 ms all the time costs a worker of many jobs more
+    CPU)."""
     import sys
 
     from jobs.domain import dbpool, logbatch

@@ -18,8 +18,8 @@ def test_the_layers_subscription_speaks_resp2():
     """redis-py 8 speaks RESP3 unless told otherwise, and with RESP3 every pub/sub message comes
     as a push that its parser turns into a string for a debug log before dropping it
     (redis/redis-py#4230; no log setting avoids it): a web process spends a sixth of its CPU
-    there while one viewer follows a 64-rank job (BENCHMARKS.md, ingest). With RESP2 the same
-    messages arrive, as plain replies."""
+    there while one viewer follows a 64-rank job. With RESP2 the same messages arrive, as plain
+    replies."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     before = subscribers(client)
 
