@@ -55,13 +55,21 @@ class Hub:
         self._loop = self._pool = self._thread = None
         self._pid = None
         self._slow = self._slow_pid = None
+        self._following = set()
 
     def follow(self, name, steps):
         """Drive the generator `steps` to its end; returns its Following."""
         following = Following(name, steps)
+        with self._lock:
+            self._following.add(following)
         loop = self._running_loop()
         loop.call_soon_threadsafe(self._step, following)
         return following
+
+    def following(self):
+        """The names of the follows under way in this process (a job's is "job <id>")."""
+        with self._lock:
+            return sorted(following.name for following in self._following)
 
     def run_slow(self, call, *args):
         """Run a call that may block for long (a cancel waiting for a job's processes to go) on
@@ -97,6 +105,8 @@ class Hub:
             log.exception("%s: its follow ended", following.name)
             waiting = None
         if waiting is None:
+            with self._lock:
+                self._following.discard(following)
             following._ended.set()
         else:
             self._wait(following, waiting)
