@@ -21,10 +21,12 @@ ELASTIC_SETTLE_SECONDS = 10
 
 
 def pytest_collection_modifyitems(config, items):
-    """Fast tests first; integration and browser tests (which start services) last."""
-    def slow(item):
-        return any(item.get_closest_marker(name) for name in ("integration", "browser"))
-    items.sort(key=slow)
+    """Integration and browser tests (which start services and run jobs) first, the fast tests
+    after them: run in parallel (pytest-xdist), the long tests start early and the short ones
+    fill the workers' last minutes."""
+    def fast(item):
+        return not any(item.get_closest_marker(name) for name in ("integration", "browser"))
+    items.sort(key=fast)
 
 
 def job_name(job_id):
@@ -90,6 +92,10 @@ class Service:
 
     def output(self):
         return Path(self.log_path).read_text(errors="replace")
+
+
+# Test users' passwords are hashed in microseconds, not a second each (tests.passwords).
+settings.PASSWORD_HASHERS = ["tests.passwords.OneIterationPBKDF2"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -190,21 +196,106 @@ def _jobs_dir(tmp_path_factory):
     settings.RINGMASTER_JOBS_DIR = tmp_path_factory.mktemp("jobs")
 
 
+class Worker(Service):
+    """A real Celery worker (thread pool) on `queue`, with the tests' app (tests.worker_app).
+
+    Between tests it is drained: it takes no task and follows no job while the test database is
+    reset. Django's flush truncates every table at once; a scheduler pass or a follower of the
+    worker's that held a lock on one table and waited for another would deadlock with it. A
+    drained worker holds and takes none, so the reset never meets it.
+    """
+
+    def __init__(self, name, env, log_path, queue=None, concurrency=8):
+        self.queue = queue or env.get("RINGMASTER_QUEUE") or settings.CELERY_TASK_DEFAULT_QUEUE
+        self.hostname = f"{name}-{os.getpid()}@{socket.gethostname()}"
+        self.drained = False
+        super().__init__(name, [str(VENV_BIN / "celery"), "-A", "tests.worker_app", "worker", "--pool", "threads",
+                                "--concurrency", str(concurrency), "-n", self.hostname, "-Q", self.queue,
+                                "--loglevel", "INFO", "--without-gossip", "--without-mingle"], env, log_path)
+
+    def start(self):
+        super().start()
+        self.drained = False
+        return self
+
+    def alive(self):
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self, timeout=60):
+        """Wait until the worker answers (it consumes its queue from then on)."""
+        from portal.celery import app
+
+        wait_for(lambda: not self.alive() or app.control.ping(destination=[self.hostname], timeout=0.5),
+                 timeout=timeout, interval=0, message=f"Celery worker {self.name} to be ready")
+        if not self.alive():
+            raise AssertionError(f"Celery worker {self.name} exited:\n{self.output()[-3000:]}")
+        return self
+
+    def busy(self):
+        """What the worker runs, holds or follows now ({"tasks": [...], "follows": [...]})."""
+        from portal.celery import app
+
+        replies = app.control.broadcast("ringmaster_busy", destination=[self.hostname], reply=True, timeout=5)
+        if not replies:
+            raise AssertionError(f"Celery worker {self.name} did not answer")
+        return replies[0][self.hostname]
+
+    def drain(self, timeout=60):
+        """Stop taking tasks, then wait until every task taken and every follow has ended."""
+        if not self.alive():
+            return
+        from portal.celery import app
+
+        self.ready()            # a worker started again mid-test hears its control messages only then
+        if not app.control.cancel_consumer(self.queue, destination=[self.hostname], reply=True, timeout=5):
+            raise AssertionError(f"Celery worker {self.name} did not stop taking tasks")
+        self.drained = True
+        self.idle(timeout)
+
+    def idle(self, timeout=60):
+        """Wait until the worker runs no task, holds none and follows no job."""
+        busy = {}
+
+        def idle():
+            busy.update(self.busy())
+            return not busy["tasks"] and not busy["follows"]
+        try:
+            wait_for(idle, timeout=timeout, interval=0.05, message=f"worker {self.name} to be idle")
+        except AssertionError as error:
+            raise AssertionError(f"{error}: still busy with {busy}") from None
+
+    def resume(self):
+        """Take tasks again, leaving out those sent while it was drained (to a database since reset)."""
+        if not self.alive():
+            self.start()
+        if self.drained:
+            from portal.celery import app
+
+            with app.connection_for_write() as connection:
+                connection.default_channel.queue_purge(self.queue)
+            if not app.control.add_consumer(self.queue, destination=[self.hostname], reply=True, timeout=5):
+                raise AssertionError(f"Celery worker {self.name} did not take tasks again")
+            self.drained = False
+        return self.ready()
+
+
 @pytest.fixture(scope="session")
-def celery_worker(service_env, tmp_path_factory):
+def _session_worker(service_env, tmp_path_factory):
     from portal.celery import app
 
     app.control.purge()
-    worker = Service(
-        "worker",
-        [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads", "--concurrency", "8",
-         "--loglevel", "INFO", "-n", f"test-{os.getpid()}@%h", "--without-gossip", "--without-mingle"],
-        service_env, tmp_path_factory.mktemp("logs") / "worker.log",
-    )
-    worker.start()
-    wait_for(lambda: "ready." in worker.output(), timeout=60, message="the Celery worker to be ready")
+    worker = Worker("worker", service_env, tmp_path_factory.mktemp("logs") / "worker.log").start()
+    worker.ready()
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def celery_worker(_session_worker):
+    """The session's Celery worker, taking tasks during this test and drained after it (before
+    the test database is reset: this fixture is torn down before the database's)."""
+    yield _session_worker.resume()
+    _session_worker.drain()
 
 
 class WebServer(Service):
@@ -258,19 +349,6 @@ def restartable_portal(service_env, tmp_path):
     server.stop()
 
 
-def wait_worker_idle(worker):
-    """Every task the worker received has finished, and every job it followed (so the test
-    database can be flushed without racing a dispatch or a follower the worker still runs)."""
-    def idle():
-        log = worker.output().rpartition("ready.")[2]     # tasks of a killed worker never finish
-        received = set(re.findall(r"\[([0-9a-f-]{36})\] received", log))
-        done = set(re.findall(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|failed)", log))
-        following = re.findall(r"job (\d+): following$", log, re.M)
-        ended = re.findall(r"job (\d+): follow ended$", log, re.M)
-        return received <= done and sorted(following) == sorted(ended)
-    wait_for(idle, timeout=60, interval=0.3, message="the worker to finish its tasks")
-
-
 @pytest.fixture
 def http(live_portal, celery_worker, image, make_user):
     """A requests session of user alice, authenticated with an API token, against uvicorn."""
@@ -280,8 +358,7 @@ def http(live_portal, celery_worker, image, make_user):
     session = requests.Session()
     session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
     session.base = live_portal
-    yield session
-    wait_worker_idle(celery_worker)
+    return session
 
 
 def needs_row_locks():

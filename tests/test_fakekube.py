@@ -381,7 +381,8 @@ def test_backoff_limit_exceeded(fake, co):
     assert len(fake.launcher_pods(NS, "rm-job-7")) == 2
     # cleanPodPolicy Running: the operator deletes the workers once the job is finished
     fake.wait_for(lambda: fake.pods(NS, "training.kubeflow.org/job-role=worker") == [], 5)
-    assert fake.events(NS, "rm-job-7", reason="BackoffLimitExceeded/")[0]["type"] == "Warning"
+    event = fake.wait_for(lambda: fake.events(NS, "rm-job-7", reason="BackoffLimitExceeded/"), 5)
+    assert event[0]["type"] == "Warning"
 
 
 @pytest.mark.parametrize("how", ["api", "behind the portal's back"])
@@ -488,7 +489,9 @@ def test_evicted_worker_fails_the_job(fake, co):
     worker = fake.store.get("pods", NS, "rm-job-7-worker-0")
     assert (worker["status"]["phase"], worker["status"]["reason"], worker["status"]["message"]) == (
         "Failed", "Evicted", "The node was low on resource: memory.")
-    assert fake.events(NS, "rm-job-7", reason="MPIJobEvicted")[0]["type"] == "Warning"
+    # The operator records its event after the condition, as a separate write.
+    event = fake.wait_for(lambda: fake.events(NS, "rm-job-7", reason="MPIJobEvicted"), 5)
+    assert event[0]["type"] == "Warning"
 
 
 def test_validation_error_is_only_an_event(fake, co, core):

@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from rest_framework.authtoken.models import Token
 
 from jobs.models import ACTIVE_STATES, Job, Quota, State
-from tests.conftest import VENV_BIN, Service, WebServer, wait_for, wait_worker_idle, job_name
+from tests.conftest import WebServer, Worker, job_name, wait_for
 from tests.fakebackend import HOLD_ENV, fake_root
 from tests.integration.test_job_lifecycle import submit, wait_state
 
@@ -29,13 +29,10 @@ def fake_services(service_env, tmp_path_factory):
     env = {**service_env, "RINGMASTER_BACKENDS": " ".join([*django_settings.RINGMASTER_BACKENDS, FAKE]),
            "RINGMASTER_QUEUE": f"ringmaster-fake-{os.getpid()}"}
     logs = tmp_path_factory.mktemp("fake-logs")
-    worker = Service("worker", [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads",
-                                "--concurrency", "4", "-n", f"fake-{os.getpid()}@%h", "--loglevel", "INFO",
-                                "--without-gossip", "--without-mingle"], env, logs / "worker.log").start()
+    worker = Worker("fake", env, logs / "worker.log", concurrency=4).start()
     web = WebServer(env, logs / "web.log")
     try:
-        wait_for(lambda: "ready." in worker.output(), timeout=60, message="the fake backend's worker")
-        yield web.start().url, worker
+        yield web.start().url, worker.ready()
     finally:
         web.stop()
         worker.stop()
@@ -47,6 +44,7 @@ def api(fake_services, image, make_user, settings):
     this process too (for the pages rendered here)."""
     settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, FAKE]
     url, worker = fake_services
+    worker.resume()
     session = requests.Session()
     session.user = make_user("alice")
     session.headers["Authorization"] = f"Token {Token.objects.create(user=session.user).key}"
@@ -54,7 +52,7 @@ def api(fake_services, image, make_user, settings):
     yield session
     for job_id in Job.objects.filter(state__in=ACTIVE_STATES).values_list("pk", flat=True):
         session.post(f"{url}/api/jobs/{job_id}/cancel/")   # a failed test leaves no job running
-    wait_worker_idle(worker)
+    worker.drain()          # before the test database is reset (tests.conftest.Worker)
 
 
 def fake_job(api, gpus=2, hold=False):

@@ -21,7 +21,7 @@ from rest_framework.authtoken.models import Token
 from jobs.domain.logstore import append_output
 from jobs.models import Instance, Job, LogLine, State
 from runners.output import OutputSplitter
-from tests.conftest import VENV_BIN, Service, WebServer, job_processes, wait_for, wait_worker_idle
+from tests.conftest import WebServer, Worker, job_processes, wait_for
 from tests.integration.test_job_lifecycle import assert_succeeded_with_every_line, submit, upload, wait_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -338,13 +338,9 @@ def services(service_env, tmp_path_factory):
     workers = []
 
     def start_worker(name, concurrency=4, **settings):
-        worker = Service(name, [str(VENV_BIN / "celery"), "-A", "portal", "worker", "--pool", "threads",
-                                "--concurrency", str(concurrency), "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO",
-                                "--without-gossip", "--without-mingle", "-Q", queue],
-                         {**env, **settings}, logs / f"{name}.log").start()
+        worker = Worker(name, {**env, **settings}, logs / f"{name}.log", queue=queue, concurrency=concurrency)
         workers.append(worker)
-        wait_for(lambda: "ready." in worker.output(), timeout=60, message=f"worker {name}")
-        return worker
+        return worker.start().ready()
 
     web = WebServer(env, logs / "web.log")
     try:
@@ -353,11 +349,11 @@ def services(service_env, tmp_path_factory):
     finally:
         web.stop()
         for worker in workers:
-            _resume(worker)
+            _continue(worker)
             worker.stop()
 
 
-def _resume(worker):
+def _continue(worker):
     if worker.process and worker.process.poll() is None:
         os.killpg(worker.process.pid, signal.SIGCONT)
 
@@ -368,17 +364,16 @@ def api(services, image, make_user):
     session = requests.Session()
     session.headers["Authorization"] = f"Token {Token.objects.create(user=make_user('alice')).key}"
     session.base, session.queue, session.start_worker = url, queue, start_worker
-    session.stop_workers = lambda: [worker.stop() for worker in workers if worker.process.poll() is None]
-    session.a_worker = lambda: next((w for w in workers if w.process.poll() is None), None) or start_worker(
+    session.stop_workers = lambda: [worker.stop() for worker in workers if worker.alive()]
+    session.a_worker = lambda: next((w.resume() for w in workers if w.alive()), None) or start_worker(
         f"worker{len(workers)}")
     yield session
     for worker in workers:
-        _resume(worker)
+        _continue(worker)
     for job_id in Job.objects.filter(state__in={State.LAUNCHING, State.RUNNING}).values_list("pk", flat=True):
         session.post(f"{url}/api/jobs/{job_id}/cancel/")
     for worker in workers:
-        if worker.process.poll() is None:
-            wait_worker_idle(worker)
+        worker.drain()          # before the test database is reset (tests.conftest.Worker)
 
 
 def reconcile(queue):
@@ -412,7 +407,7 @@ def test_a_stale_follower_is_replaced_and_the_log_has_no_gap_or_repeat(api):
             asked.append(True)
         return False
     wait_for(taken_over, timeout=60, interval=0.2, message="the second worker to follow the job")
-    _resume(first)                                           # the old one wakes up and must write nothing
+    _continue(first)                                           # the old one wakes up and must write nothing
 
     assert_succeeded_with_every_line(job_id, 80)
 
@@ -433,7 +428,7 @@ def test_jobs_being_followed_never_keep_a_launch_waiting(api):
         assert not Job.objects.filter(pk__in=jobs, state__in=ENDED).exists()     # at once, not one after another
         for job_id in jobs:
             assert_succeeded_with_every_line(job_id, 100, ranks=(0,))
-        wait_worker_idle(single)
+        single.drain()
     finally:
         single.stop()                  # later tests of this module get a worker of the usual size
 
@@ -474,7 +469,7 @@ def test_a_worker_follows_more_jobs_than_it_has_database_connections(api):
         assert max(held) <= 3, held
         for job_id in jobs:
             assert_succeeded_with_every_line(job_id, 60, ranks=(0,))
-        wait_worker_idle(worker)
+        worker.drain()
     finally:
         worker.stop()
 

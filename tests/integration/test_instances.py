@@ -17,7 +17,7 @@ from runners.base import waited
 from tests import sshd
 import psutil
 
-from tests.conftest import admit_from_threads, job_name, processes_marked, run_to_end, wait_for, wait_worker_idle
+from tests.conftest import admit_from_threads, job_name, processes_marked, run_to_end, wait_for
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
 pytestmark = [
@@ -106,7 +106,6 @@ def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_hos
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM jobs_instance")
         assert "PRIVATE KEY" not in repr(cursor.fetchall())
-    wait_worker_idle(celery_worker)        # a newly healthy instance asks the scheduler to look
 
 
 def test_a_changed_host_key_is_refused(sshds, db):
@@ -323,7 +322,6 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, celery_worker
     assert all(j.reason.startswith(("waiting for instances: needs 2 GPUs", "waiting behind")) for j in waiting)
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(cancel_requested=True)
     wait_for(lambda: Job.objects.get(pk=admitted[0]).is_terminal, timeout=60, message="the admitted launch to fail")
-    wait_worker_idle(celery_worker)
 
 
 SHOW = """

@@ -427,23 +427,17 @@ class FollowedFakeJob:
         stored = list(LogLine.objects.filter(job=self.job, seq__gte=first).order_by("seq").values_list("text", "ts"))
         return [text for text, _ in stored], len({ts for _, ts in stored})
 
-    def end(self, worker):
-        """Cancel the job and wait until nothing is left of it that could use the database."""
+    def end(self):
+        """Cancel the job and wait until nothing is left of it in this process that could use the
+        database (the worker is drained after the test: tests.conftest.Worker)."""
         from jobs.domain import dbpool
-        from tests.conftest import wait_for, wait_worker_idle
+        from tests.conftest import wait_for
 
-        received = worker.output().count("] received")
         Job.objects.filter(pk=self.job.pk).update(cancel_requested=True)
         self.following.join(60)
         assert not self.following.is_alive()
         dbpool.pool().close_all()           # the test database is dropped at the end of the session
-        # The database is emptied after the test (TRUNCATE), which can deadlock with the
-        # scheduler's pass that the job's end woke (a dispatch task for the worker, which reads
-        # the quotas). So: once the worker has taken that task and is idle, and no other
-        # connection is in the middle of something (the web process ending the viewer's relay).
-        wait_for(lambda: worker.output().count("] received") > received, timeout=30,
-                 message="the worker to take the scheduler's pass that the job's end woke")
-        wait_worker_idle(worker)
+        # The web process ends the viewer's relay on a connection of its own.
         wait_for(_others_quiet, timeout=30, message="the database's other connections to be idle")
 
 
@@ -497,7 +491,7 @@ def test_a_job_nobody_watches_has_its_output_stored_a_second_at_a_time_and_a_wat
         late = max(arrived[n] - written[n] for n in arrived)
         assert late < 0.5, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
     finally:
-        fake.end(celery_worker)
+        fake.end()
 
 
 @pytest.fixture
@@ -562,7 +556,7 @@ def test_without_redis_a_job_nobody_watches_is_stored_a_second_at_a_time_and_a_w
         late = max(arrived[n] - written[n] for n in arrived)
         assert late < 2.0, f"a watched job's line reached its viewer {late:.2f} s after it was printed"
     finally:
-        fake.end(celery_worker)
+        fake.end()
 
 
 def _others_quiet():
