@@ -44,7 +44,7 @@ test-services:
 # (tests/parallel.py); the slowest tests are listed at the end.
 TEST_WORKERS ?= 4
 test: install test-services
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var
