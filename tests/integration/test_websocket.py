@@ -241,6 +241,7 @@ def test_a_viewer_forwards_the_lines_a_push_carries_only_when_it_is_right_before
     """The push's own bytes go to a viewer whose last seq is the push's `after`; a viewer elsewhere
     reads the database instead (here pushed lines are not stored, which tells the two apart)."""
     from jobs.domain import live, logwire
+    from tests.conftest import wait_for
 
     store(job, 0, 2)                                               # seq 0..2
     headers = token_header(alice)
@@ -249,6 +250,9 @@ def test_a_viewer_forwards_the_lines_a_push_carries_only_when_it_is_right_before
     async def scenario():
         async with connect(ws_url(live_portal, job, since=2), additional_headers=headers) as ws:
             await receive_until(ws, lambda m: m and m[0]["type"] == "state")
+            # The web process says it relays the job; until this process hears so, its pushes of
+            # a job nobody watched (seq 0..2) are left out.
+            await sync_to_async(wait_for)(lambda: live.heard(job.pk), timeout=10, message="the relay's notice")
             elsewhere = logwire.lines_message([(2, 0, "stdout", ts, "not for this viewer"), (3, 0, "stdout", ts, "x")])
             await sync_to_async(live.publish_lines)(job.pk, 3, 1, elsewhere, None)
             here = logwire.lines_message([(3, 0, "stdout", ts, "only in the push")])
