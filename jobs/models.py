@@ -7,6 +7,7 @@ from django.contrib.auth.models import Group
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 
 class Image(models.Model):
@@ -66,6 +67,18 @@ class State(models.TextChoices):
 
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
 ACTIVE_STATES = frozenset({State.LAUNCHING, State.RUNNING})
+
+
+def gpus_in_use(size, gpus):
+    """The GPUs a job holds: its size once admitted (an elastic job's changes), else the GPUs it
+    asked for. Quotas, admission, the capacity page, the API and runners all count by this rule;
+    in_use_expression() is the same rule for a query."""
+    return gpus if size is None else size
+
+
+def in_use_expression(prefix=""):
+    """gpus_in_use() as a query expression; `prefix` reaches a job through a relation ("jobs__")."""
+    return Coalesce(f"{prefix}size", f"{prefix}gpus")
 
 
 class Job(models.Model):
@@ -145,6 +158,10 @@ class Job(models.Model):
     @property
     def is_terminal(self):
         return self.state in TERMINAL_STATES
+
+    @property
+    def gpus_in_use(self):
+        return gpus_in_use(self.size, self.gpus)
 
     @property
     def script_name(self):

@@ -62,7 +62,7 @@ def job_spec(job):
     """The plain JobSpec a runner gets (runners never see the database)."""
     return JobSpec(
         job_id=job.pk,
-        gpus=job.size or job.gpus,
+        gpus=job.gpus_in_use,
         min_gpus=job.gpus if job.max_gpus else None,
         max_gpus=job.max_gpus,
         python=job.image.python,

@@ -13,7 +13,7 @@ portal ask which backend a job has:
 """
 from dataclasses import dataclass
 
-from jobs.models import Image
+from jobs.models import Image, gpus_in_use
 from runners.gpus import matches
 
 
@@ -38,8 +38,8 @@ class QueuedJob:
     priority: int = 0
 
     @property
-    def current(self):
-        return self.size or self.gpus
+    def gpus_in_use(self):
+        return gpus_in_use(self.size, self.gpus)
 
 
 # The Job fields a QueuedJob is made of, in its order (values_list(*QUEUED_JOB_FIELDS)).
@@ -107,7 +107,7 @@ class Admission:
         return f"on {self.backend.label}"
 
     def resize(self, job, size):
-        """Record that the admitted elastic `job` now holds `size` GPUs (was job.current); the
+        """Record that the admitted elastic `job` now holds `size` GPUs (was job.gpus_in_use); the
         book's GPU counts are changed by the scheduler."""
 
     def lost(self, job):

@@ -236,10 +236,10 @@ class InstancesAdmission(ByGpuModel, Admission):
         return "on " + ", ".join(name for name, _ in grown) if grown else "on the instances"
 
     def resize(self, job, size):
-        if size > job.current:
-            self._grown[job.pk] = self._pool().grow(job.pk, size - job.current, job.gpu_model)
+        if size > job.gpus_in_use:
+            self._grown[job.pk] = self._pool().grow(job.pk, size - job.gpus_in_use, job.gpu_model)
         else:
-            self._pool().shrink(job.pk, job.current - size)
+            self._pool().shrink(job.pk, job.gpus_in_use - size)
 
     def lost(self, job):
         """[(instance name, why)] of the hosts an elastic job runs on that went unhealthy (not its

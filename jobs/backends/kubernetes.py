@@ -2,13 +2,12 @@
 through the official client (runners.kubernetes); connection and MPIJob settings per cluster
 live in jobs.backends.clusters."""
 from django import forms
-from django.db.models import F, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Q, Sum
 from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend
 from jobs.backends.clusters import ClusterError, default_cluster, namespace_for, render, runner_for
-from jobs.models import ACTIVE_STATES, Cluster, Job
+from jobs.models import ACTIVE_STATES, Cluster, Job, in_use_expression
 from runners import mpijob
 
 
@@ -23,7 +22,7 @@ class ClusterAdmission(Admission):
                        Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
         self.in_use = dict(Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES,
                                               cluster__in=list(self.limits)).order_by()
-                           .values_list("cluster").annotate(n=Sum(Coalesce("size", F("gpus"))))
+                           .values_list("cluster").annotate(n=Sum(in_use_expression()))
                            .values_list("cluster", "n"))
         self.per_node = {}
 
@@ -60,7 +59,7 @@ class ClusterAdmission(Admission):
         return f"on cluster {self.limits[job.cluster_id][0]}" if job.cluster_id in self.limits else "on its cluster"
 
     def resize(self, job, size):
-        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + size - job.current
+        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + size - job.gpus_in_use
 
 
 def _enabled_clusters():

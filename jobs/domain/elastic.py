@@ -69,16 +69,16 @@ def make_room(admission, book, job):
         return False
     missing = job.gpus - room
     candidates = sorted((other for other in _running(backend=job.backend, priority__lte=job.priority)
-                         if other.current > other.gpus),
+                         if other.gpus_in_use > other.gpus),
                         key=lambda other: (other.priority, -other.pk))
-    if missing <= 0 or sum(other.current - other.gpus for other in candidates) < missing:
+    if missing <= 0 or sum(other.gpus_in_use - other.gpus for other in candidates) < missing:
         return False
     for other in candidates:
         if missing <= 0:
             break
         step = admission.step(other)
-        give = min(other.current - other.gpus, -(-missing // step) * step)
-        _resize(admission, book, other, other.current - give, f"shrank to {other.current - give} GPUs for job {job.pk}")
+        give = min(other.gpus_in_use - other.gpus, -(-missing // step) * step)
+        _resize(admission, book, other, other.gpus_in_use - give, f"shrank to {other.gpus_in_use - give} GPUs for job {job.pk}")
         missing = job.gpus - admission.room(job)
     return missing <= 0
 
@@ -90,7 +90,7 @@ def grow(admission_of, book, reserved, fresh=()):
     QueuedJob waiting on it). Returns their ids."""
     grown = []
     candidates = _running() + _launching(fresh)
-    jobs = sorted((job for job in candidates if job.current < job.max_gpus), key=lambda job: (-job.priority, job.pk))
+    jobs = sorted((job for job in candidates if job.gpus_in_use < job.max_gpus), key=lambda job: (-job.priority, job.pk))
     for job in jobs:
         admission = admission_of(job.backend)
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
@@ -99,13 +99,13 @@ def grow(admission_of, book, reserved, fresh=()):
             continue                                     # it could not take the GPUs back
         if any(scope.key in reserved for scope, _ in constraints):
             continue
-        more = min(room for room in (job.max_gpus - job.current, admission.room(job),
-                                     book.growth_room(constraints, job.current)) if room is not None)
+        more = min(room for room in (job.max_gpus - job.gpus_in_use, admission.room(job),
+                                     book.growth_room(constraints, job.gpus_in_use)) if room is not None)
         more -= more % admission.step(job)
         if more > 0:
             lent = f", until job {waiting.pk} can start" if waiting is not None else ""
-            _resize(admission, book, job, job.current + more,
-                    lambda: f"grew to {job.current + more} GPUs: {more} GPUs free {admission.where(job)}{lent}",
+            _resize(admission, book, job, job.gpus_in_use + more,
+                    lambda: f"grew to {job.gpus_in_use + more} GPUs: {more} GPUs free {admission.where(job)}{lent}",
                     constraints)
             grown.append(job.pk)
     return grown
@@ -119,12 +119,12 @@ def drop_lost_hosts(admission_of, book):
         for name, why in admission.lost(job):
             constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
             held = _held_on(job, name)
-            if job.current - held < job.gpus:
-                states.set_reason(job.pk, f"lost {name} ({why}): {job.current - held} GPUs left, fewer than the "
+            if job.gpus_in_use - held < job.gpus:
+                states.set_reason(job.pk, f"lost {name} ({why}): {job.gpus_in_use - held} GPUs left, fewer than the "
                                           f"{job.gpus} the job needs; Horovod waits for hosts to come back")
                 continue
             admission.drop(job, name)
-            size = job.current - held
+            size = job.gpus_in_use - held
             book.resize(constraints, -held, job.backend)
             states.resize(job.pk, size, f"lost {name} ({why}): continuing on {size} GPUs")
             job = replace(job, size=size)
@@ -139,5 +139,5 @@ def _resize(admission, book, job, size, message, constraints=None):
     if constraints is None:
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
     admission.resize(job, size)
-    book.resize(constraints, size - job.current, job.backend)
+    book.resize(constraints, size - job.gpus_in_use, job.backend)
     states.resize(job.pk, size, message() if callable(message) else message)

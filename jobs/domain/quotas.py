@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from jobs.domain import accounting
-from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings
+from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings, in_use_expression
 
 LIMIT_NAMES = ("gpus", "jobs", "gpus_per_job", "gpu_hours")
 
@@ -182,7 +182,7 @@ class QuotaBook:
         active, by_backend = defaultdict(lambda: [0, 0]), defaultdict(int)
         rows = (Job.objects.filter(state__in=ACTIVE_STATES).order_by()
                 .values_list("owner_id", "charged_group_id", "backend")
-                .annotate(gpus=Sum(Coalesce("size", "gpus")), jobs=Count("id")))
+                .annotate(gpus=Sum(in_use_expression()), jobs=Count("id")))
         for owner_id, group_id, backend, gpus, jobs in rows:
             by_backend[backend] += gpus
             for key in self._keys(owner_id, group_id, backend):

@@ -1,4 +1,4 @@
-"""Pages about GPU use: "my usage", the staff cluster page, and the CSV export of usage."""
+"""Pages about GPU use: "my usage", the staff capacity page, and the CSV export of usage."""
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
@@ -10,7 +10,7 @@ from django.shortcuts import render
 from jobs.domain import accounting, quotas, scheduler
 from jobs import backends
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import ACTIVE_STATES, Cluster, Instance, Job, State
+from jobs.models import ACTIVE_STATES, Cluster, Instance, Job, State, in_use_expression
 
 MAX_DAYS = 366
 QUEUE_ON_PAGE = 200
@@ -63,7 +63,7 @@ def _cluster_rows():
     """Per Kubernetes cluster: GPUs in use (launching and running), its limit, jobs active and queued."""
     active = Q(jobs__state__in=ACTIVE_STATES)
     return list(Cluster.objects.annotate(
-        in_use=Sum("jobs__gpus", filter=active, default=0), active=Count("jobs", filter=active),
+        in_use=Sum(in_use_expression("jobs__"), filter=active, default=0), active=Count("jobs", filter=active),
         queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
 
 
@@ -79,7 +79,7 @@ def _instance_rows():
 
 
 @login_required
-def cluster(request):
+def capacity(request):
     """Staff: capacity and use per backend, quotas and their use, the queue with its reasons,
     and GPU-hours per group over time."""
     if not request.user.is_staff:
@@ -110,7 +110,7 @@ def cluster(request):
         Job.objects.filter(state=State.QUEUED).select_related("owner", "charged_group", "held_by")
         .order_by("held", "-priority", "created_at", "id"))[:QUEUE_ON_PAGE]
     usage = accounting.daily_usage(days[0], days[-1])
-    return render(request, "jobs/cluster.html", {
+    return render(request, "jobs/capacity.html", {
         "backends": rows,
         "clusters": clusters,
         "instances": _instance_rows(),

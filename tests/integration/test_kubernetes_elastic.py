@@ -7,11 +7,16 @@ discovery script in the job's ConfigMap rewritten from the Running workers
 elastic mode, training on what that script lists."""
 import re
 import threading
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from jobs import backends
+from jobs.domain import accounting
 from jobs.models import Cluster, Job, JobEvent, State
 from tests.conftest import job_name, wait_for
+from tests.test_usage_numbers import Tables
 from tests.fakekube import Scenario
 from tests.integration.test_job_lifecycle import stored_lines, wait_state
 from tests.integration.test_kubernetes import NS, cluster, fake, submit  # noqa: F401 (fixtures)
@@ -51,13 +56,31 @@ def assert_continuous(job_id):
         assert ranks == list(range(size)), (step, size, ranks)
 
 
-def test_an_elastic_mpijob_is_scaled_down_for_a_queued_job_and_back_up_when_it_ends(http, fake, cluster):
+def assert_in_use_everywhere(http, staff, job_id, cluster, gpus):
+    """The capacity page (the backend's row and the cluster's), the API (the job's size, its
+    owner's quota use) and accounting all count `gpus` GPUs for the grown job."""
+    tables = Tables(staff.get("/capacity/").content.decode())
+    by_backend = {row[0]: row[1] for row in tables.body("jobs capacity")}
+    by_cluster = {row[0]: row[2] for row in tables.body("jobs") if len(row) > 2}
+    assert (by_backend[backends.label("kubernetes")], by_cluster[cluster.name]) == (str(gpus), str(gpus))
+    assert http.get(f"{http.base}/api/jobs/{job_id}/").json()["size"] == gpus
+    assert http.get(f"{http.base}/api/quota/").json()["use"]["gpus"] == gpus
+    job = Job.objects.get(pk=job_id)
+    later = timezone.now() + timedelta(seconds=1)
+    assert accounting.job_gpu_seconds(job, now=later + timedelta(seconds=10)) - accounting.job_gpu_seconds(
+        job, now=later) == pytest.approx(10 * gpus)
+
+
+def test_an_elastic_mpijob_is_scaled_down_for_a_queued_job_and_back_up_when_it_ends(
+        http, fake, cluster, client, make_user):
     Cluster.objects.filter(pk=cluster.pk).update(gpus_per_node=2, gpu_limit=4)
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold, step_seconds=0.1)
     elastic = submit(http, gpus=2, max_gpus=4)
     # Admitted at 2 and grown in the same pass to the cluster's 4 free GPUs: two workers of two.
     wait_size(elastic, 4)
+    client.force_login(make_user("root", is_staff=True))
+    assert_in_use_everywhere(http, client, elastic, cluster, 4)
     launcher = fake.mpijob(NS, job_name(elastic))["spec"]["mpiReplicaSpecs"]["Launcher"]
     command = launcher["template"]["spec"]["containers"][0]["command"]
     assert command[:command.index("python")] == [
