@@ -25,9 +25,9 @@ def sent(callbacks):
     return [callback.task for callback in callbacks if isinstance(callback, Send)]
 
 
-def wake_scheduler(job_id=None):
+def wake_scheduler():
     """Let the scheduler look at the queue (a job was submitted, ended, or capacity changed)."""
-    transaction.on_commit(Send("dispatch", *(() if job_id is None else (job_id,))))
+    transaction.on_commit(Send("dispatch"))
 
 
 def run_job(job_id):

@@ -10,8 +10,8 @@ from jobs.domain import follow, scheduler
 
 
 @shared_task(acks_late=True)
-def dispatch(job_id=None):
-    """Admit queued jobs as quotas and capacity allow (job_id: the job that prompted it, for the log)."""
+def dispatch():
+    """Admit queued jobs as quotas and capacity allow."""
     return scheduler.admit()
 
 

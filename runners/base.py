@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from .gpus import binding_env
+from .gpus import gpu_map_value
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,6 @@ class JobSpec:
             return f"rm-{self.installation}-{self.job_id}"
         return f"rm-job-{self.job_id}"
 
-    def training_command(self):
-        """argv of one rank, word for word: python <script> <args> (where a launcher that stops
-        parsing at the program runs it, as mpirun does)."""
-        return [self.python, *self.rank_argv()]
-
     def rank_argv(self):
         """What a rank runs after `python`: the script and the user's words."""
         script = self.script_name if self.script_content is not None else self.script_path
@@ -74,9 +69,9 @@ class JobSpec:
 
     def gpu_map(self, host_names):
         """RINGMASTER_GPU_MAP's value for hosts named as horovodrun names them (in host order)."""
-        return binding_env(dict(zip(host_names, self.gpu_binding)))
+        return gpu_map_value(dict(zip(host_names, self.gpu_binding)))
 
-    def binding_env(self, host_names):
+    def gpu_env(self, host_names):
         """{RINGMASTER_GPU_MAP: ...} for hosts named as horovodrun's -H names them (in host
         order), or {} for a job that owns no GPUs. An elastic job's GPUs change while it runs:
         its ranks read them from GPU_MAP_FILE in the job folder (Runner.resize rewrites it)."""
@@ -106,8 +101,8 @@ BLACKLIST_COOLDOWN = ("--blacklist-cooldown-range", "10", "60")
 EXIT_CODE_WRAPPER = '"$@"; code=$?; echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code'
 # Every process of a job carries its id, and its folder (unique per portal and host: what
 # cancel finds them by, so another portal's job of the same number is never touched).
-JOB_MARKER = "RINGMASTER_JOB_ID"
-JOB_DIR_MARKER = "RINGMASTER_JOB_DIR"
+JOB_ID_VAR = "RINGMASTER_JOB_ID"
+JOB_DIR_VAR = "RINGMASTER_JOB_DIR"
 
 
 def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):

@@ -88,7 +88,7 @@ def test_fifty_concurrent_submissions_never_admit_past_a_quota_of_8_gpus(make_us
             barrier.wait()
             response = submit(alice, script, gpus)
             assert response.status_code == 201, response.content
-            tasks.dispatch.apply(args=[response.json()["id"]]).get()      # what the worker does next
+            tasks.dispatch.apply().get()      # what the worker does next
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -579,10 +579,10 @@ def test_my_usage_page_and_the_staff_cluster_page(client, alice, bob, vision, ma
     mine = client.get("/usage/")
     assert mine.status_code == 200 and 'id="quota-panel"' in mine.content.decode()
     assert client.get("/usage/?days=0").status_code == 400
-    assert client.get("/cluster/").status_code == 403
+    assert client.get("/capacity/").status_code == 403
 
     client.force_login(make_user("root", is_staff=True))
-    page = client.get("/cluster/").content.decode()
+    page = client.get("/capacity/").content.decode()
     assert reload(waiting).reason in page and f'data-job="{waiting.pk}"' in page
     assert "group vision: 4 of 4 GPUs in use" in page
     assert 'id="usage-data"' in page and "vendor/uplot/uPlot.iife.min.js" in page

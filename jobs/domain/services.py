@@ -40,7 +40,7 @@ def submit(user, form, parent=None):
             fields["script_path"] = ""
         job = Job.objects.create(owner=user, state=State.QUEUED, reason="waiting for the scheduler", **fields)
         states.submitted(job, by=user)
-        taskqueue.wake_scheduler(job.pk)
+        taskqueue.wake_scheduler()
     return job
 
 
@@ -88,27 +88,28 @@ def store_script(owner, upload):
     return script
 
 
-def _change_queued(job, by, message, **fields):
-    """Change a queued job's scheduling fields, record who did it, and let the scheduler look."""
+def _change_queued(job, message, **fields):
+    """Change a queued job's scheduling fields, record who did it (in `message`), and let the
+    scheduler look."""
     with transaction.atomic():
         changed = states.change_queued(job.pk, message, **fields)
-        taskqueue.wake_scheduler(job.pk)
+        taskqueue.wake_scheduler()
     return changed
 
 
 def hold(job, by):
     """Keep a queued job from being admitted until it is released."""
     name = by.get_username()
-    return _change_queued(job, by, f"held by {name}", held=True, held_by=by, reason=f"held by {name}")
+    return _change_queued(job, f"held by {name}", held=True, held_by=by, reason=f"held by {name}")
 
 
 def release(job, by):
-    return _change_queued(job, by, f"released by {by.get_username()}", held=False, held_by=None,
+    return _change_queued(job, f"released by {by.get_username()}", held=False, held_by=None,
                           reason="waiting for the scheduler")
 
 
 def set_priority(job, priority, by):
-    return _change_queued(job, by, f"priority set to {priority} by {by.get_username()}", priority=priority)
+    return _change_queued(job, f"priority set to {priority} by {by.get_username()}", priority=priority)
 
 
 def cancel(job, by):
