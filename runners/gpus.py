@@ -134,6 +134,6 @@ def matches(name, model):
     return model.strip().lower() in name.lower()
 
 
-def binding_env(indices_by_host):
+def gpu_map_value(indices_by_host):
     """What the bind launcher reads: {HOROVOD_HOSTNAME: [indices]} as "host=0,1;host2=2,3"."""
     return ";".join(f"{host}={','.join(str(i) for i in indices)}" for host, indices in indices_by_host.items())

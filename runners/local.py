@@ -33,12 +33,8 @@ from inotify_simple import flags as inotify_flags
 
 from . import gpus, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
-                   JOB_DIR_MARKER, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
-from .base import JOB_MARKER as JOB_ID
+                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
 
-# What cancel() looks for: the job's own folder, unique to this portal's jobs folder, so two
-# portals (or a portal and its tests) on one machine never touch each other's job N.
-JOB_MARKER = JOB_DIR_MARKER
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
@@ -90,9 +86,9 @@ class LocalRunner(Runner):
         env.update(spec.env)
         # ringmaster_metrics first; a PYTHONPATH the user set comes after it.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_PYTHON), spec.env.get("PYTHONPATH")) if p)
-        env.update(spec.binding_env(["localhost"]))
-        env[JOB_ID] = str(spec.job_id)
-        env[JOB_MARKER] = str(self.job_dir(spec).resolve())
+        env.update(spec.gpu_env(["localhost"]))
+        env[JOB_ID_VAR] = str(spec.job_id)
+        env[JOB_DIR_VAR] = str(self.job_dir(spec).resolve())
         return env
 
     def _needs(self, spec):
@@ -355,7 +351,7 @@ def _marked(process, marker):
         environment = process.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return environment.get(JOB_MARKER) == marker if environment else None
+    return environment.get(JOB_DIR_VAR) == marker if environment else None
 
 
 class MarkedProcesses:

@@ -35,16 +35,13 @@ import paramiko
 
 from . import gpus, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
-                   JOB_DIR_MARKER, JOB_MARKER, Exited, Output, Runner, Started, Status, Waiting, horovodrun_argv)
+                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Status, Waiting, horovodrun_argv)
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
 POLLED_STATUS_SECONDS = 1.0    # polling output: is the launcher alive, when a read finds nothing
 STREAMED_STATUS_SECONDS = 5.0  # streaming: the stream ends with the launcher; this notices a silent host
 TROUBLE_SAID_AFTER = 10.0     # seconds of trouble reaching a host before the job's reason says so
-# The job-folder marker (unique per instance work directory): cancel kills what carries it, so
-# jobs of another portal (or another runner) with the same id on the same machine are safe.
-DIR_MARKER = JOB_DIR_MARKER
 MIN_FREE_KB = 10 * 1024
 NO_HOST_KEY = object()
 
@@ -226,7 +223,7 @@ if [ -n "$setup" ]; then
         echo 1 > exit_code; echo "setup-failed"; exit 0; }
     cd -- "$dir" || exit 3      # whatever directory the setup line went to
 fi
-""" + DIR_MARKER + r"""=$(pwd); export """ + DIR_MARKER + r"""
+""" + JOB_DIR_VAR + r"""=$(pwd); export """ + JOB_DIR_VAR + r"""
 setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
 echo "$!" > pid.tmp && mv pid.tmp pid
 echo "started $!"
@@ -573,8 +570,8 @@ class SSHRunner(Runner):
     def environment(self, spec):
         """What the job's processes get on top of the instance's own login environment."""
         env = dict(spec.env)
-        env.update(spec.binding_env(self.host_names(spec)))
-        env.update({"PYTHONUNBUFFERED": "1", JOB_MARKER: str(spec.job_id)})
+        env.update(spec.gpu_env(self.host_names(spec)))
+        env.update({"PYTHONUNBUFFERED": "1", JOB_ID_VAR: str(spec.job_id)})
         return env
 
     def _prepare(self, host, spec):

@@ -466,9 +466,9 @@ def api_client(make_user):
 
 def job_processes(job_id):
     """Live processes that carry the marker of this test session's job `job_id`."""
-    from runners.local import JOB_MARKER
+    from runners.base import JOB_DIR_VAR
 
-    return processes_marked(str((Path(settings.RINGMASTER_JOBS_DIR) / job_name(job_id)).resolve()), JOB_MARKER)
+    return processes_marked(str((Path(settings.RINGMASTER_JOBS_DIR) / job_name(job_id)).resolve()), JOB_DIR_VAR)
 
 
 def processes_marked(marker, variable):

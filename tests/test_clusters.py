@@ -260,7 +260,7 @@ def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_u
         Job.objects.create(owner=alice, image=k8s_image, gpus=4, script_path="/t.py", cluster=cluster, state=state,
                            backend="kubernetes", time_limit_minutes=5)
     client.force_login(make_user("root", is_staff=True))
-    page = client.get("/cluster/").content.decode()
+    page = client.get("/capacity/").content.decode()
     row = page[page.index('data-cluster="gpu-east"'):].split("</tr>")[0]
     cells = [cell.split(">", 1)[1].split("<")[0] for cell in row.split("<td")[1:]]
     assert cells[2:6] == ["8", "16", "2", "1"]          # in use, limit, active, queued

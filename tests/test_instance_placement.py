@@ -142,7 +142,7 @@ def test_the_admin_and_the_staff_cluster_page_show_each_instances_gpus_and_which
     SlotAllocation.objects.create(job=job, instance=a, slots=1, position=0, gpu_indices=[1])
     client.force_login(staff)
 
-    page = client.get("/cluster/").content.decode()
+    page = client.get("/capacity/").content.decode()
     row_a = page[page.index('data-instance="gpu-a"'):page.index('data-instance="gpu-b"')]
     assert '0: NVIDIA A100-SXM4-80GB, 81920 MiB</span>' in row_a
     assert '1: NVIDIA A100-SXM4-80GB, 81920 MiB (in use)</span>' in row_a

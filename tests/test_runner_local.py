@@ -174,14 +174,15 @@ def test_a_jobs_processes_are_found_as_they_come_and_go_and_never_another_jobs(t
     and never a process of another job (a folder that starts the same) or of none."""
     import subprocess
 
-    from runners.local import JOB_MARKER, MarkedProcesses
+    from runners.base import JOB_DIR_VAR
+    from runners.local import MarkedProcesses
 
     marker = str(tmp_path / "rm-x-7")
     started = []
 
     def start(mark):
-        env = {k: v for k, v in os.environ.items() if k != JOB_MARKER}
-        env.update({JOB_MARKER: mark} if mark else {})
+        env = {k: v for k, v in os.environ.items() if k != JOB_DIR_VAR}
+        env.update({JOB_DIR_VAR: mark} if mark else {})
         started.append(subprocess.Popen(["sleep", "120"], env=env))
         return started[-1].pid
 

@@ -1,4 +1,4 @@
-"""The Usage page, the staff cluster page and usage.csv against known jobs: the GPU-hours per
+"""The Usage page, the staff capacity page and usage.csv against known jobs: the GPU-hours per
 day, group, user and backend are written down here, not computed by jobs.domain.accounting.
 
 The known jobs (days are UTC dates, d-2 = two days ago, d-1 = yesterday; nothing runs today, so
@@ -159,7 +159,7 @@ def test_another_users_usage_page_has_only_their_hours(client, known):
 
 def test_the_staff_cluster_page_has_everyones_hours_by_group_and_user(client, make_user, known):
     client.force_login(make_user("root", is_staff=True))
-    page = client.get("/cluster/?days=7")
+    page = client.get("/capacity/?days=7")
     assert page.status_code == 200
     html = page.content.decode()
     tables = Tables(html)

@@ -18,5 +18,6 @@ urlpatterns = [
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("settings/", settings_views.settings_page, name="settings"),
     path("usage.csv", usage_views.usage_csv, name="usage-csv"),
-    path("cluster/", usage_views.cluster, name="cluster"),
+    path("capacity/", usage_views.capacity, name="capacity"),
+    path("cluster/", RedirectView.as_view(pattern_name="capacity", query_string=True, permanent=True)),
 ]

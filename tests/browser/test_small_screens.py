@@ -53,7 +53,7 @@ def test_every_page_fits_a_phone_and_log_out_reads(log_in, alice, make_user, job
             expect(page.locator("main h1")).to_be_visible()
             fits(page)
         if user.is_staff:
-            page.goto("/cluster/")
+            page.goto("/capacity/")
             fits(page)
 
     # The job page's charts: as wide as their card, not 520 px.

@@ -1,4 +1,4 @@
-"""The usage pages in a real browser: the cluster page draws GPU-hours per group with the
+"""The usage pages in a real browser: the capacity page draws GPU-hours per group with the
 vendored uPlot (no CDN), and the job form shows the user's use against each limit."""
 from datetime import timedelta
 
@@ -29,7 +29,7 @@ def test_cluster_chart_and_the_quota_panel_of_the_form(log_in, image, make_user)
     page = log_in(root)
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.locator("header.top nav a", has_text="Cluster").click()
+    page.locator("header.top nav a", has_text="Capacity").click()
     expect(page.locator("#usage-chart canvas")).to_have_count(1)              # uPlot drew the chart
     expect(page.locator("#usage-chart .u-legend")).to_contain_text("vision")
     expect(page.locator("table.quotas")).to_contain_text("GPUs at once: 2 of 16")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.base import JOB_DIR_MARKER, Exited, JobSpec, Output, waited
+from runners.base import JOB_DIR_VAR, Exited, JobSpec, Output, waited
 from runners.output import OutputSplitter
 from tests import sshd
 from tests.conftest import processes_marked, wait_for
@@ -134,7 +134,7 @@ class ScriptBackend(Backend):
         raise NotImplementedError
 
     def running(self, spec):
-        return processes_marked(str(Path(self.job_dir(spec)).resolve()), JOB_DIR_MARKER)
+        return processes_marked(str(Path(self.job_dir(spec)).resolve()), JOB_DIR_VAR)
 
 
 class LocalBackend(ScriptBackend):
