@@ -7,6 +7,8 @@ takes a tenth of the worker's interpreter time. Elsewhere (SQLite) it is `IN (%s
 """
 from django.db.models import Field, Lookup
 
+from jobs.database import on_postgresql
+
 
 @Field.register_lookup
 class AnyOf(Lookup):
@@ -16,7 +18,7 @@ class AnyOf(Lookup):
     def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         values = list(self.rhs)
-        if connection.vendor == "postgresql":
+        if on_postgresql():
             return f"{lhs} = ANY(%s)", (*lhs_params, values)
         if not values:
             return "1 = 0", ()

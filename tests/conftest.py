@@ -56,8 +56,10 @@ def free_port():
 
 
 def _database_url():
+    from jobs.database import on_postgresql
+
     db = settings.DATABASES["default"]
-    if "postgresql" not in db["ENGINE"]:
+    if not on_postgresql():
         pytest.skip("integration tests need PostgreSQL (DATABASE_URL)")
     user = db.get("USER") or "postgres"
     host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
@@ -364,11 +366,11 @@ def http(live_portal, celery_worker, image, make_user):
 def needs_row_locks():
     """Race tests need PostgreSQL's row locks; on SQLite (which serialises every write) they
     would prove nothing. `make test` runs them on PostgreSQL (its DATABASE_URL)."""
-    from django.db import connection
+    from jobs.database import on_postgresql, vendor
 
-    if connection.vendor != "postgresql":
+    if not on_postgresql():
         if re.match(r"postgres(ql)?://", os.environ.get("DATABASE_URL", "")):
-            pytest.fail(f"DATABASE_URL names PostgreSQL but the test database is {connection.vendor}: "
+            pytest.fail(f"DATABASE_URL names PostgreSQL but the test database is {vendor()}: "
                         "the race tests would not run")
         pytest.skip("race test skipped: it needs PostgreSQL's row locks (SQLite serialises writes, so a "
                     "race there proves nothing); `make test` runs it on PostgreSQL")

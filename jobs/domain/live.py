@@ -55,17 +55,39 @@ def _announcer_loop():
         return _loop
 
 
-def publish(job_id, message):
-    """Send one message to the job's viewers (a viewer's trouble never fails the sender)."""
+# The kinds of channel layer, as each is announced to (see the module's docstring).
+PUBSUB, IN_MEMORY, OTHER = "pubsub", "in-memory", "other"
+
+
+def _layer():
+    """(this process's channel layer, its kind), or (None, None) where there is none."""
     layer = get_channel_layer()
     if layer is None:
-        return
+        return None, None
     if isinstance(layer, RedisPubSubChannelLayer):
+        return layer, PUBSUB
+    if isinstance(layer, InMemoryChannelLayer):
+        return layer, IN_MEMORY
+    return layer, OTHER
+
+
+def reaches_this_process_only():
+    """Whether announcements reach only this process's viewers (the in-memory layer, without
+    Redis): a web process's viewers then poll the database for what workers store."""
+    return _layer()[1] in (IN_MEMORY, None)
+
+
+def publish(job_id, message):
+    """Send one message to the job's viewers (a viewer's trouble never fails the sender)."""
+    layer, kind = _layer()
+    if layer is None:
+        return
+    if kind == PUBSUB:
         publish_many([(job_id, message)])   # the calling thread sends it (no hop to the loop)
         return
     future = None
     try:
-        if isinstance(layer, InMemoryChannelLayer):
+        if kind == IN_MEMORY:
             group = group_name(job_id)
             if _has_members(layer, group):  # else it reaches nobody: no event loop started for it
                 async_to_sync(layer.group_send)(group, message)
@@ -106,10 +128,10 @@ def lines_message(last_seq, after=None, lines=None, metrics=None):
 def _audience():
     """Who hears this process's pushes: its publisher's jobs.domain.audience.Audience with Redis's
     pub/sub layer, Pollers with the in-memory layer, or None where every push is sent."""
-    layer = get_channel_layer()
-    if isinstance(layer, InMemoryChannelLayer):
+    layer, kind = _layer()
+    if kind == IN_MEMORY:
         return Pollers(lambda group: _has_members(layer, group), settings.DATA_DIR / "viewers")
-    publisher = redispublish.publisher(layer) if isinstance(layer, RedisPubSubChannelLayer) else None
+    publisher = redispublish.publisher(layer) if kind == PUBSUB else None
     return None if publisher is None else publisher.audience
 
 
@@ -201,14 +223,14 @@ def publish_many(messages):
     after another: in one pipeline with the pub/sub layer (the default with Redis), and then
     only the line pushes someone hears (jobs.domain.redispublish), else by BATCH_CONCURRENCY
     senders at once."""
-    layer = get_channel_layer()
+    layer, kind = _layer()
     if layer is None or not messages:
         return
-    if isinstance(layer, InMemoryChannelLayer):
+    if kind == IN_MEMORY:
         for job_id, message in messages:
             publish(job_id, message)
         return
-    if isinstance(layer, RedisPubSubChannelLayer):
+    if kind == PUBSUB:
         publisher = redispublish.publisher(layer)
         if publisher is None:           # sharded over several hosts: one by one, as the layer does
             _run_on_loop(_publish_one_by_one(layer, messages), len(messages))

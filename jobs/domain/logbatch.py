@@ -31,6 +31,7 @@ import weakref
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from jobs.database import on_postgresql
 from jobs.domain import dbpool, live, logstore
 from jobs.models import Job
 
@@ -80,7 +81,7 @@ class GroupWriter:
         # commits (on a 64-rank job's output, preparing in the writer would keep the database
         # waiting for a quarter of each round). Other batches are prepared by the writer.
         made = None
-        if first_seq is not None and logstore.on_postgresql():
+        if first_seq is not None and on_postgresql():
             made = logstore.prepare(job_id, lines, first_seq, timezone.now())
         batch = Pending(job_id, lines, start, end, splitter_state, follower, cursor, made)
         with self._ready:
@@ -173,7 +174,7 @@ def _deadlock(exc):
 
 
 def _store(batches):
-    if connection.vendor != "postgresql":
+    if not on_postgresql():
         for batch in batches:
             batch.stored = logstore.append_output(batch.job_id, batch.lines, batch.start, batch.end, batch.state,
                                                   follower=batch.follower, cursor=batch.cursor)

@@ -13,11 +13,12 @@ import functools
 import io
 from typing import NamedTuple
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from runners.output import extract_metrics, lines_with_metrics, parse_rank_failure
 
+from jobs.database import on_postgresql
 from jobs.domain import logwire
 from jobs.domain.live import heard, lines_message, publish_many_later
 from jobs.models import Job, LogLine, MetricPoint
@@ -65,7 +66,7 @@ def append_output(job_id, lines, start, end, splitter_state, follower=None, curs
         if not takes(job, start, follower):
             return False
         rows, points, changed = rows_of(job_id, job, lines, now)
-        if connection.vendor == "postgresql":
+        if on_postgresql():
             copy_rows(rows, points, now)
         else:
             _create_rows(rows, points)
@@ -142,12 +143,6 @@ def prepare(job_id, lines, first_seq, now, copy_text=None):
         copy_text = on_postgresql()
     texts = copy_texts(rows, points, now) if copy_text else (None, None)
     return Prepared(first_seq, rows, points, failure, *texts)
-
-
-def on_postgresql():
-    """Whether output goes to PostgreSQL (COPY), asked without making the calling thread a
-    connection of its own (a follower thread borrows one only to store: jobs.domain.dbpool)."""
-    return connections.settings[DEFAULT_DB_ALIAS]["ENGINE"] == "django.db.backends.postgresql"
 
 
 def rows_of(job_id, job, lines, now):

@@ -18,11 +18,9 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 from rest_framework.utils.encoders import JSONEncoder
 
-from jobs.domain import telemetry
-from jobs.domain import live, logwire
+from jobs.domain import live, logwire, telemetry
 from jobs.domain.live import MAX_PUSH_BYTES
 from jobs.models import Job, LogLine, MetricPoint, SystemSample
 from jobs.domain.services import visible_jobs
@@ -118,7 +116,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self.poll_due = True                # the first round reads what is stored after `since`
         self.wake.set()
         self.sender = asyncio.ensure_future(self._send_forever())
-        if not settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis"):
+        if live.reaches_this_process_only():
             self.poller = asyncio.ensure_future(self._poll())
 
     async def disconnect(self, code):
