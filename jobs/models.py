@@ -117,6 +117,9 @@ class Job(models.Model):
 
     state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED, db_index=True)
     reason = models.CharField(max_length=500, blank=True)
+    waits_for = models.CharField(max_length=20, blank=True, editable=False,
+                                 help_text="While queued: the kind of its wait (quota, capacity, held, ...: "
+                                           "jobs.backends.waits), the words of which are its reason.")
     exit_code = models.IntegerField(null=True, blank=True)
     failed_rank = models.IntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)

@@ -18,8 +18,9 @@ def instance(name, gpus, healthy=True, enabled=True, models=None, reason="not ch
 
 
 def placed(gpus, model=""):
-    placement, reason = Pool().place(gpus, model)
-    return ([(i.name, n) for i, n in placement] if placement else None), reason
+    """(placement as [(instance name, slots)] or None, the words of the wait or None)."""
+    placement, wait = Pool().place(gpus, model)
+    return ([(i.name, n) for i, n in placement] if placement else None), (wait.words if wait else None)
 
 
 def test_a_job_that_fits_on_one_instance_goes_to_the_tightest_one():

@@ -244,6 +244,40 @@ def test_a_waiting_jobs_events_say_what_it_waits_for_not_every_change_of_the_num
         "waiting for quota: group vision: 3 of 4 GPUs in use, needs 3"]
 
 
+def test_a_waiting_jobs_events_follow_the_kind_of_its_wait_from_capacity_to_quota_to_held_and_back(
+        alice, bob, make_user, image, script, settings):
+    settings.RINGMASTER_LOCAL_GPUS = 4
+    root = make_user("root", is_staff=True)
+    first, second, third = submitted(alice, script, 1), submitted(bob, script, 2), submitted(bob, script, 1)
+    assert scheduler.admit() == [first.pk, second.pk, third.pk]
+    waiting = submitted(alice, script, 2)
+    assert reload(waiting).waits_for == "scheduler"
+    scheduler.admit()
+    assert (reload(waiting).reason, waiting.waits_for) == (
+        "waiting for capacity: 4 of 4 GPUs in use, this job needs 2", "capacity")
+    states.transition(third.pk, State.SUCCEEDED)
+    scheduler.admit()                                                  # other numbers, the same wait: no event
+    assert reload(waiting).reason == "waiting for capacity: 3 of 4 GPUs in use, this job needs 2"
+    Quota.objects.create(user=alice, gpus=2)
+    scheduler.admit()                                                  # now it waits for its quota: an event
+    assert (reload(waiting).reason, waiting.waits_for) == (
+        "waiting for quota: user alice: 1 of 2 GPUs in use, needs 2", "quota")
+    services.hold(waiting, by=root)
+    scheduler.admit()
+    assert (reload(waiting).reason, waiting.waits_for) == ("held by root", "held")
+    services.release(waiting, by=root)
+    scheduler.admit()
+    assert reload(waiting).waits_for == "quota"
+    assert list(JobEvent.objects.filter(job=waiting, state="").values_list("message", flat=True)) == [
+        "waiting for capacity: 4 of 4 GPUs in use, this job needs 2",
+        "waiting for quota: user alice: 1 of 2 GPUs in use, needs 2",
+        "held by root",
+        "released by root",
+        "waiting for quota: user alice: 1 of 2 GPUs in use, needs 2"]
+    states.transition(waiting.pk, State.CANCELLED)
+    assert reload(waiting).waits_for == ""
+
+
 def test_a_user_in_several_groups_charges_the_default_group_or_the_one_named(alice, vision, image, script):
     nlp = Group.objects.create(name="nlp")
     nlp.user_set.add(alice)

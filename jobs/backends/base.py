@@ -13,6 +13,7 @@ portal ask which backend a job has:
 """
 from dataclasses import dataclass
 
+from jobs.backends.waits import Wait
 from jobs.models import Image, gpus_in_use
 from runners.gpus import matches
 
@@ -36,6 +37,7 @@ class QueuedJob:
     max_gpus: int | None = None      # elastic: the most it may grow to
     size: int | None = None          # what an admitted job holds now
     priority: int = 0
+    waits_for: str = ""              # the kind of its wait (jobs.backends.waits)
 
     @property
     def gpus_in_use(self):
@@ -45,7 +47,7 @@ class QueuedJob:
 # The Job fields a QueuedJob is made of, in its order (values_list(*QUEUED_JOB_FIELDS)).
 QUEUED_JOB_FIELDS = ("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name", "backend",
                      "cluster_id", "gpus", "held", "held_by__username", "reason", "gpu_model", "max_gpus", "size",
-                     "priority")
+                     "priority", "waits_for")
 
 
 class Admission:
@@ -53,8 +55,9 @@ class Admission:
 
     The scheduler asks, job by job in queue order: is the capacity this job needs already
     reserved by an earlier job that waits (capacity_key, behind)? If not, does it fit now
-    (why_waiting)? A job that fits is admitted and charged (admitted_message, charge), so the
-    next job of the same pass sees the GPUs it took.
+    (why_waiting)? Both answer with a Wait (jobs.backends.waits). A job that fits is admitted
+    and charged (admitted_message, charge), so the next job of the same pass sees the GPUs it
+    took.
 
     The default: `backend.capacity()` GPUs at once (None: no limit), counted from the jobs that
     are launching or running on the backend (`book.backend_gpus`).
@@ -70,17 +73,18 @@ class Admission:
         return ("capacity", self.backend.name)
 
     def behind(self, job):
-        return f"waiting behind an earlier job for capacity ({self.backend.name})"
+        """The Wait of a job whose capacity an earlier waiting job reserved."""
+        return Wait("capacity_behind", backend=self.backend.name)
 
     def why_waiting(self, job):
-        """Why `job` cannot start now, or None: it fits."""
+        """Why `job` cannot start now (a Wait), or None: it fits."""
         if not self._capacity_read:
             self._capacity, self._capacity_read = self.backend.capacity(), True
         if self._capacity is None:
             return None
         in_use = self.book.backend_gpus(self.backend.name)
         if in_use + job.gpus > self._capacity:
-            return f"waiting for capacity: {in_use} of {self._capacity} GPUs in use, this job needs {job.gpus}"
+            return Wait("capacity", in_use=in_use, capacity=self._capacity, gpus=job.gpus)
         return None
 
     def admitted_message(self, job):
@@ -135,9 +139,6 @@ class Backend:
     # False for a backend whose jobs wait in a scheduler of their own (a cluster's).
     launch_times_out = True
     admission_class = Admission
-    # How this backend's reasons for a job waiting on capacity begin (Admission.why_waiting and
-    # behind): a job's events record a change of what it waits for, not of the numbers.
-    capacity_words = ("waiting for capacity", "waiting behind an earlier job for capacity")
     # Whether a running job's hosts are sampled (runner.system_probe); if not, what the page says.
     collects_system_metrics = True
     system_metrics_note = ""

@@ -17,7 +17,8 @@ from runners import ssh
 
 from jobs import taskqueue
 from jobs.backends.base import Admission, Backend, interpreter_problem
-from jobs.backends.placement import ByGpuModel, HostGpus, models_named, need, release_slots
+from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
+from jobs.backends.waits import Wait
 from runners.gpus import matches
 from jobs.models import Instance, SlotAllocation
 from jobs.secrets import SecretError
@@ -48,14 +49,12 @@ class Pool:
 
     def place(self, gpus, model=""):
         """[(instance, slots)] on as few instances as possible (the first runs horovodrun), or
-        None with the reason the job waits."""
-        what = need(gpus, model)
+        None with the Wait of the job."""
         if not self.instances:
-            return None, f"waiting for instances: needs {what}, no healthy enabled instance" + _unhealthy()
+            return None, Wait("no_instance", gpus=gpus, model=model, down=_unhealthy())
         if model and not any(host.free(model) or any(matches(g["name"], model) for g in host.gpus)
                              for host in self.hosts.values()):
-            return None, (f"waiting for instances: needs {what}, no healthy instance has {model} GPUs "
-                          f"(models: {models_named(self.models())})" + _unhealthy())
+            return None, Wait("no_instance_model", gpus=gpus, model=model, models=self.models(), down=_unhealthy())
         free = {pk: n for pk, host in self.hosts.items() if (n := host.free(model)) > 0}
         fits = [pk for pk, n in free.items() if n >= gpus]
         if fits:
@@ -63,10 +62,9 @@ class Pool:
             best = min(fits, key=lambda pk: (free[pk], self.instances[pk].name))
             return [(self.instances[best], gpus)], None
         total = sum(free.values())
-        largest = max(free.values(), default=0)
         if total < gpus:
-            return None, (f"waiting for instances: needs {what}, largest free block {largest} "
-                          f"({total} free on {len(free)} of {len(self.instances)} healthy instances)" + _unhealthy())
+            return None, Wait("instances_full", gpus=gpus, model=model, largest=max(free.values(), default=0),
+                              free=total, hosts=len(free), healthy=len(self.instances), down=_unhealthy())
         placement, left = [], gpus
         for pk in sorted(free, key=lambda pk: (-free[pk], self.instances[pk].name)):
             take = min(free[pk], left)
@@ -130,11 +128,9 @@ class Pool:
 
 
 def _unhealthy():
-    """The enabled instances that get no jobs, and why (a reason that hides them misleads)."""
-    down = list(Instance.objects.filter(enabled=True, healthy=False).order_by("name").values_list("name", "health_reason")[:5])
-    if not down:
-        return ""
-    return "; not healthy: " + "; ".join(f"{name} ({reason})" for name, reason in down)
+    """[(name, why)] of the enabled instances that get no jobs (the first five)."""
+    return list(Instance.objects.filter(enabled=True, healthy=False).order_by("name")
+                .values_list("name", "health_reason")[:5])
 
 
 def host_of(instance, slots=0):
@@ -259,7 +255,6 @@ class InstancesBackend(Backend):
     label = "GPU instances over SSH"
     admission_class = InstancesAdmission
     elastic = True
-    capacity_words = Backend.capacity_words + ("waiting for instances",)
 
     def capacity(self):
         """GPUs of the healthy, enabled instances."""

@@ -7,6 +7,7 @@ from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend
 from jobs.backends.clusters import ClusterError, default_cluster, namespace_for, render, runner_for
+from jobs.backends.waits import Wait
 from jobs.models import ACTIVE_STATES, Cluster, Job, in_use_expression
 from runners import mpijob
 
@@ -30,7 +31,7 @@ class ClusterAdmission(Admission):
         return ("capacity", self.backend.name, job.cluster_id)
 
     def behind(self, job):
-        return "waiting behind an earlier job for capacity on its cluster"
+        return Wait("cluster_behind")
 
     def why_waiting(self, job):
         if job.cluster_id not in self.limits:
@@ -38,7 +39,7 @@ class ClusterAdmission(Admission):
         name, limit = self.limits[job.cluster_id]
         in_use = self.in_use.get(job.cluster_id, 0)
         if in_use + job.gpus > limit:
-            return f"waiting for capacity on cluster {name}: {in_use} of {limit} GPUs in use, this job needs {job.gpus}"
+            return Wait("cluster_capacity", cluster=name, in_use=in_use, limit=limit, gpus=job.gpus)
         return None
 
     def charge(self, job):

@@ -14,7 +14,8 @@ from django.conf import settings
 from django.db.models import Sum
 
 from jobs.backends.base import Admission, Backend, interpreter_problem
-from jobs.backends.placement import ByGpuModel, HostGpus, need, release_slots
+from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
+from jobs.backends.waits import Wait
 from jobs.models import SlotAllocation
 from runners import gpus, sandbox
 from runners.local import LocalRunner
@@ -87,15 +88,15 @@ class LocalAdmission(ByGpuModel, Admission):
     def why_waiting(self, job):
         seen = machine_gpus()
         if seen.error:
-            return f"waiting for this machine's GPUs: {seen.error}"
+            return Wait("machine_gpus", error=seen.error)
         host = self._host()
         if not host.bound:
             return super().why_waiting(job)
         free = host.free(job.gpu_model)
         if free >= job.gpus:
             return None
-        return (f"waiting for capacity: {host.slots - host.free_slots} of {host.slots} GPUs of this machine in "
-                f"use, this job needs {need(job.gpus, job.gpu_model)} ({free} free)")
+        return Wait("machine_capacity", in_use=host.slots - host.free_slots, slots=host.slots, gpus=job.gpus,
+                    model=job.gpu_model, free=free)
 
     def admitted_message(self, job):
         host = self._host()
@@ -138,7 +139,6 @@ class LocalBackend(Backend):
     label = "This machine (horovodrun)"
     admission_class = LocalAdmission
     elastic = True
-    capacity_words = Backend.capacity_words + ("waiting for this machine's GPUs",)
 
     def capacity(self):
         return slots()[0]

@@ -56,15 +56,6 @@ class HostGpus:
         return sorted({gpu["name"] for gpu in self.gpus})
 
 
-def models_named(names):
-    return ", ".join(names) if names else "none (no GPU seen by nvidia-smi)"
-
-
-def need(gpus, model=""):
-    """What a job asks for, in a reason: "4 GPUs", or "4 A100 GPUs"."""
-    return f"{gpus} {model} GPUs" if model else f"{gpus} GPUs"
-
-
 def release_slots(job_id):
     """Free what a job holds on hosts (its SlotAllocation rows, with their indices)."""
     SlotAllocation.objects.filter(job_id=job_id).delete()

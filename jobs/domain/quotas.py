@@ -28,6 +28,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Q, Sum, Va
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from jobs.backends.waits import Wait, number, refusal as refusal_words
 from jobs.domain import accounting
 from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings, in_use_expression
 
@@ -112,13 +113,6 @@ def limits_of(row, base=None):
         values[name] = value
     window = row.window_days or (base.window_days if base else settings.RINGMASTER_DEFAULT_QUOTA_WINDOW_DAYS)
     return Limits(**values, window_days=window, source="quota and site default" if inherited else "quota")
-
-
-def number(value):
-    """1,000 / 12.5: a GPU-hour figure as a person reads it."""
-    if abs(value - round(value)) < 0.05:
-        return f"{round(value):,}"
-    return f"{value:,.1f}"
 
 
 class QuotaBook:
@@ -259,15 +253,16 @@ class QuotaBook:
     # --- the rules ----------------------------------------------------------------------------
     @staticmethod
     def never_fits(constraints, gpus):
-        """Why a job of `gpus` GPUs can never start under these limits, or None."""
+        """Why a job of `gpus` GPUs can never start under these limits (a "never_quota" Wait), or None."""
         for scope, limits in constraints:
             per_job = per_job_limit([(scope, limits)])
             if per_job is not None and gpus > per_job:
-                return f"at most {per_job} GPUs per job for {scope.name} ({scope.quota_label})"
+                return Wait("never_quota", name=scope.name, quota=scope.quota_label, limit="gpus_per_job", most=per_job)
             if limits.jobs == 0:
-                return f"{scope.name} may run no jobs ({scope.quota_label}: 0 jobs at once)"
+                return Wait("never_quota", name=scope.name, quota=scope.quota_label, limit="jobs")
             if limits.gpu_hours == 0:
-                return f"{scope.name} has no GPU-hours ({scope.quota_label}: 0 per {limits.window_days} days)"
+                return Wait("never_quota", name=scope.name, quota=scope.quota_label, limit="gpu_hours",
+                            days=limits.window_days)
         return None
 
     def growth_room(self, constraints, size):
@@ -287,19 +282,21 @@ class QuotaBook:
         return room
 
     def blockers(self, constraints, gpus):
-        """[(Scope, message)] for every scope whose limits a job of `gpus` GPUs would break now."""
+        """[(Scope, the limit it breaks)] for every scope whose limits a job of `gpus` GPUs would
+        break now; the limit as the params of one scope of a "quota" Wait."""
         found = []
         for scope, limits in constraints:
             if limits.unlimited:
                 continue
             use = self.use(scope, limits)
             if limits.gpu_hours is not None and use.gpu_hours >= limits.gpu_hours:
-                found.append((scope, f"{scope}: GPU-hours for {limits.window_days} days used up: "
-                                     f"{number(use.gpu_hours)} of {number(limits.gpu_hours)}"))
+                found.append((scope, {"scope": str(scope), "limit": "gpu_hours", "use": use.gpu_hours,
+                                      "most": limits.gpu_hours, "days": limits.window_days}))
             elif limits.jobs is not None and use.jobs + 1 > limits.jobs:
-                found.append((scope, f"{scope}: {use.jobs} of {limits.jobs} jobs running"))
+                found.append((scope, {"scope": str(scope), "limit": "jobs", "use": use.jobs, "most": limits.jobs}))
             elif limits.gpus is not None and use.gpus + gpus > limits.gpus:
-                found.append((scope, f"{scope}: {use.gpus} of {limits.gpus} GPUs in use, needs {gpus}"))
+                found.append((scope, {"scope": str(scope), "limit": "gpus", "use": use.gpus, "most": limits.gpus,
+                                      "needs": gpus}))
         return found
 
 
@@ -330,7 +327,8 @@ def refusal(user, group, backend, gpus):
     book = QuotaBook(users=[user.pk], groups=[group.pk] if group else [])
     constraints = book.constraints(user.pk, user.get_username(), group.pk if group else None,
                                    group.name if group else "", backend)
-    return book.never_fits(constraints, gpus)
+    never = book.never_fits(constraints, gpus)
+    return refusal_words(never) if never else None
 
 
 def largest_jobs(user, groups, backend_names):

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
+from jobs.backends.waits import Wait
 from jobs.domain import elastic, follow, quotas, states
 from jobs.models import TERMINAL_STATES, Job, SchedulerLock, State
 
@@ -45,6 +46,9 @@ def admit():
        reserves that capacity, or waits behind the job that reserved it;
     6. otherwise it is admitted (LAUNCHING) and its GPUs count at once.
 
+    Why a job waits is a Wait (jobs.backends.waits): its words become the job's reason, and a
+    change of its kind (quota, capacity, held, ...) an event (states.set_queue_reasons).
+
     Elastic jobs (jobs.domain.elastic): in step 5 a job that does not fit first shrinks running
     elastic jobs of no higher priority, if that makes it fit; after the pass, running elastic
     jobs grow into what is free: into capacity a waiting job reserved only when that job can
@@ -61,7 +65,7 @@ def admit():
     hold jobs to change that. Once a GPU-hour window is used up, every job of that scope waits
     until old usage leaves the window (running jobs are not stopped).
     """
-    admitted, reasons, old_reasons = [], {}, {}
+    admitted, waits, waited_for = [], {}, {}
     with transaction.atomic():
         _lock_scheduler()
         book = quotas.QuotaBook()
@@ -74,12 +78,12 @@ def admit():
         for row in queue:
             job = QueuedJob(*row)
             if job.held:
-                reason = f"held by {job.held_by or 'an admin'}"
+                wait = Wait("held", by=job.held_by)
             else:
                 constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
                 admission = _admission(passes, job.backend, book)
-                reason = _why_waiting(book, reserved, job, constraints, admission)
-                if reason is None:
+                wait = _why_waiting(book, reserved, job, constraints, admission)
+                if wait is None:
                     if states.transition(job.pk, State.LAUNCHING, message=admission.admitted_message(job),
                                          expect={State.QUEUED}):
                         admission.charge(job)
@@ -87,9 +91,9 @@ def admit():
                         book.charge(constraints, job.gpus, job.backend)
                         admitted.append(job.pk)
                     continue
-            if reason != job.reason:
-                reasons[job.pk], old_reasons[job.pk] = reason, job.reason
-        states.set_queue_reasons(reasons, old_reasons)
+            if wait.words != job.reason or wait.kind != job.waits_for:
+                waits[job.pk], waited_for[job.pk] = wait, job.waits_for
+        states.set_queue_reasons(waits, waited_for)
         elastic.grow(lambda name: _admission(passes, name, book), book, reserved, fresh=admitted)
         for job_id in admitted:
             taskqueue.run_job(job_id)
@@ -106,7 +110,7 @@ class _Unavailable:
         return ("unavailable", job.backend)
 
     def why_waiting(self, job):
-        return f"can never start: {self.error}"
+        return Wait("unavailable", error=str(self.error))
 
     def room(self, job):
         return 0
@@ -125,27 +129,27 @@ def _admission(passes, name, book):
 
 
 def _why_waiting(book, reserved, job, constraints, admission):
-    """Why this job cannot be admitted now (reserving what it waits for), or None: admit it."""
+    """Why this job cannot be admitted now (a Wait, reserving what it waits for), or None: admit it."""
     never = book.never_fits(constraints, job.gpus)
     if never:
-        return f"can never start: {never}"
+        return never
     for scope, _ in constraints:
         if scope.key in reserved:
-            return f"waiting behind an earlier job for the quota of {scope}"
+            return Wait("quota_behind", scope=str(scope))
     blocked = book.blockers(constraints, job.gpus)
     if blocked:
         for scope, _ in blocked:
             reserved[scope.key] = job
-        return "waiting for quota: " + "; ".join(message for _, message in blocked)
+        return Wait("quota", broken=[broken for _, broken in blocked])
     key = admission.capacity_key(job)
     if key in reserved:
         return admission.behind(job)
-    reason = admission.why_waiting(job)
-    if reason is not None and elastic.make_room(admission, book, job):
-        reason = admission.why_waiting(job)
-    if reason is not None:
+    wait = admission.why_waiting(job)
+    if wait is not None and elastic.make_room(admission, book, job):
+        wait = admission.why_waiting(job)
+    if wait is not None:
         reserved[key] = job
-    return reason
+    return wait
 
 
 # --- queue positions --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from jobs import backends, taskqueue
+from jobs.backends.waits import Wait
 from jobs.domain import states
 from jobs.domain.states import NotQueued  # noqa: F401  (callers catch it from here)
 from jobs.models import Job, Script, State
@@ -38,7 +39,7 @@ def submit(user, form, parent=None):
         if upload:
             fields["script"] = store_script(user, upload)
             fields["script_path"] = ""
-        job = Job.objects.create(owner=user, state=State.QUEUED, reason="waiting for the scheduler", **fields)
+        job = Job.objects.create(owner=user, state=State.QUEUED, **Wait("scheduler").stored(), **fields)
         states.submitted(job, by=user)
         taskqueue.wake_scheduler()
     return job
@@ -100,12 +101,12 @@ def _change_queued(job, message, **fields):
 def hold(job, by):
     """Keep a queued job from being admitted until it is released."""
     name = by.get_username()
-    return _change_queued(job, f"held by {name}", held=True, held_by=by, reason=f"held by {name}")
+    return _change_queued(job, f"held by {name}", held=True, held_by=by, **Wait("held", by=name).stored())
 
 
 def release(job, by):
     return _change_queued(job, f"released by {by.get_username()}", held=False, held_by=None,
-                          reason="waiting for the scheduler")
+                          **Wait("scheduler").stored())
 
 
 def set_priority(job, priority, by):

@@ -72,8 +72,10 @@ def transition(job_id, target, *, message="", expect=None, **fields):
             _release(job)
             if job.started_at and "gpu_seconds" not in fields:
                 job.gpu_seconds = accounting.job_gpu_seconds(job, now)
-        if target != State.QUEUED and "reason" not in fields:
-            job.reason = ""
+        if target != State.QUEUED:
+            job.waits_for = ""
+            if "reason" not in fields:
+                job.reason = ""
         job.save()
         # The size it runs at from here: where GPU-seconds of an elastic job start counting.
         size = job.size if target == State.RUNNING else None
@@ -151,41 +153,28 @@ def request_cancel(job, message):
     return True
 
 
-def set_queue_reasons(reasons, old_reasons):
-    """Store new reasons of still-queued jobs ({id: reason}) in a few statements, and tell
-    live viewers.
+def set_queue_reasons(waits, waited_for):
+    """Store why still-queued jobs wait ({id: Wait}) in a few statements, and tell live viewers.
 
-    A job's events record what it waits for when that changes (quota, capacity, held, ...),
-    not every change of the numbers or of the job it waits behind, so a job that waits for a
-    day does not collect thousands of events.
+    A job's events record what it waits for (Wait.kind: quota, capacity, held, ...) when that
+    changes from what it waited for before (`waited_for`: {id: its Job.waits_for}), not every
+    change of the numbers or of the job it waits behind, so a job that waits for a day does not
+    collect thousands of events.
     """
-    by_reason = {}
-    for pk, reason in reasons.items():
-        by_reason.setdefault(reason, []).append(pk)
-    for reason, ids in by_reason.items():
+    by_fields = {}
+    for pk, wait in waits.items():
+        by_fields.setdefault((wait.words, wait.kind), []).append(pk)
+    for (reason, kind), ids in by_fields.items():
         for start in range(0, len(ids), 1000):
-            Job.objects.filter(pk__in=ids[start:start + 1000], state=State.QUEUED).update(reason=reason)
+            Job.objects.filter(pk__in=ids[start:start + 1000], state=State.QUEUED).update(reason=reason,
+                                                                                         waits_for=kind)
     JobEvent.objects.bulk_create(
-        [JobEvent(job_id=pk, message=reason) for pk, reason in reasons.items()
-         if _waits_for(reason) != _waits_for(old_reasons[pk])],
+        [JobEvent(job_id=pk, message=wait.words) for pk, wait in waits.items() if wait.kind != waited_for[pk]],
         batch_size=1000,
     )
-    announced = [_Announced(pk, State.QUEUED, reason) for pk, reason in reasons.items()]
+    announced = [_Announced(pk, State.QUEUED, wait.words) for pk, wait in waits.items()]
     if announced:
         transaction.on_commit(lambda: publish_states(announced))
-
-
-_QUOTA_WORDS = ("waiting for quota", "waiting behind an earlier job for the quota")
-
-
-def _waits_for(reason):
-    """What a waiting job waits for, without the numbers: "quota", "capacity" (in any
-    backend's words: Backend.capacity_words), or the reason itself."""
-    if reason.startswith(_QUOTA_WORDS):
-        return "quota"
-    if any(reason.startswith(backend.capacity_words) for backend in backends.enabled()):
-        return "capacity"
-    return reason
 
 
 class _Announced:
