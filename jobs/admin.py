@@ -226,7 +226,8 @@ class InstanceAdmin(admin.ModelAdmin):
     def check_health_now(self, request, queryset):
         from jobs.backends import instances
 
-        report_checks(self, request, queryset, instances.check, ("healthy", "unhealthy"))
+        report_checks(self, request, queryset, lambda instance: instances.check(instance, build=True),
+                      ("healthy", "unhealthy"))
 
 
 @admin.register(Cluster)

@@ -24,6 +24,7 @@ Safety:
 This module never imports Django: it gets a JobSpec and plain Host records.
 """
 import io
+import re
 import shlex
 import socket
 import threading
@@ -301,15 +302,49 @@ NVIDIA_SMI_MARK = "--- nvidia-smi ---"
 NVIDIA_SMI_TIMEOUT = 20
 
 
-def check(host, timeout=10.0):
+# What proves that Horovod runs on a host: `--check-build` imports each framework Horovod was
+# built for, each in a process of its own (about 10 CPU-seconds); `--version` only starts
+# horovodrun under the login shell's Python (a fifth of a second).
+HOROVOD_BUILD_PROBE = "horovodrun --check-build"
+HOROVOD_RUNS_PROBE = "horovodrun --version"
+
+
+def build_report(text):
+    """{section: {name: built}} of what `horovodrun --check-build` prints, e.g.
+    {"Frameworks": {"PyTorch": True, ...}, "Controllers": {"Gloo": True, "MPI": False}, ...}."""
+    sections, current = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Available ") and line.endswith(":"):
+            current = sections.setdefault(line[len("Available "):-1], {})
+        elif current is not None and (item := re.fullmatch(r"\[([X ])\] (.+)", line)):
+            current[item.group(2).strip()] = item.group(1) == "X"
+    return sections
+
+
+def build_lacks(text):
+    """What the portal's jobs need that a `--check-build` report says is missing: a framework,
+    and the Gloo controller (jobs run `horovodrun --gloo`). horovodrun exits 0 either way."""
+    report = build_report(text)
+    frameworks = report.get("Frameworks", {})
+    lacks = []
+    if not any(frameworks.values()):
+        lacks.append(f"a framework ({', '.join(frameworks) or 'none listed'})")
+    if not report.get("Controllers", {}).get("Gloo"):
+        lacks.append("the Gloo controller")
+    return lacks
+
+
+def check(host, timeout=10.0, build=True):
     """A health check: (host key line, [Gpu] nvidia-smi lists, or None without nvidia-smi).
     Raises InstanceError.
 
-    Reachable, logged in, `horovodrun --check-build` runs (after the setup line), and each GPU
-    (index, name, memory) where nvidia-smi exists. An nvidia-smi that fails, hangs or prints
-    something else than its CSV makes the check fail, quoting it: no job is placed on GPUs the
-    portal could not see.
+    Reachable, logged in, horovodrun runs after the setup line (`build`: `--check-build`, its
+    frameworks load; else `--version`, it starts), and each GPU (index, name, memory) where
+    nvidia-smi exists. An nvidia-smi that fails, hangs or prints something else than its CSV
+    makes the check fail, quoting it: no job is placed on GPUs the portal could not see.
     """
+    probe = HOROVOD_BUILD_PROBE if build else HOROVOD_RUNS_PROBE
     client, seen = connect(host, timeout)
     try:
         script = 'mkdir -p -- "$2" && cd -- "$2" || exit 92\n' \
@@ -319,7 +354,7 @@ def check(host, timeout=10.0):
                  'free=$(df -Pk . | awk \'NR==2 {print $4}\')\n' \
                  'if [ -n "$free" ] && [ "$free" -lt "$3" ]; then\n' \
                  '  echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 93\nfi\n' \
-                 'horovodrun --check-build 2>&1 || exit 91\n' \
+                 f'{probe} 2>&1 || exit 91\n' \
                  'if command -v nvidia-smi >/dev/null 2>&1; then\n' \
                  '  echo "$4"; shift 4\n' \
                  '  if command -v timeout >/dev/null 2>&1; then set -- timeout "$NVIDIA_SMI_TIMEOUT" "$@"; fi\n' \
@@ -343,10 +378,13 @@ def check(host, timeout=10.0):
     if code != 0:
         detail = (err or out).strip().splitlines()[-1:] or [f"exit code {code}"]
         what = {90: "the setup line failed", 92: f"cannot make the work directory {host.work_dir}",
-                93: "no room for jobs"}.get(code, "horovodrun --check-build failed")
+                93: "no room for jobs"}.get(code, f"{probe} failed")
         if "not found" in (err + out) and code == 91:
             what = "horovodrun is not on the PATH of the login shell (or the setup line)"
         raise InstanceError(f"{host.where()}: {what}: {detail[0]}")
+    lacks = build_lacks(out.partition(NVIDIA_SMI_MARK)[0]) if build else []
+    if lacks:
+        raise InstanceError(f"{host.where()}: {HOROVOD_BUILD_PROBE}: Horovod is built without {' and without '.join(lacks)}")
     if NVIDIA_SMI_MARK not in out:
         return seen, None
     try:

@@ -161,15 +161,22 @@ def set_health(instance, healthy, reason, gpus=None):
         taskqueue.wake_scheduler()
 
 
-def check(instance):
-    """Check one instance over SSH and record the result. Returns (healthy, reason)."""
+def check(instance, build=None):
+    """Check one instance over SSH and record the result. Returns (healthy, reason).
+
+    `build`: whether the check loads Horovod's frameworks (runners.ssh.check), about 10 CPU-seconds
+    on the instance, taken from its jobs. By default only where the instance is not healthy (when
+    it is added, and before it gets jobs again); beat's check of a healthy one each minute proves
+    that horovodrun starts."""
+    if build is None:
+        build = not instance.healthy
     try:
         host = host_of(instance)
     except Exception as exc:  # the key cannot be decrypted or read
         set_health(instance, False, str(exc))
         return False, str(exc)
     try:
-        seen, gpus = ssh.check(host, timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS)
+        seen, gpus = ssh.check(host, timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS, build=build)
     except ssh.InstanceError as exc:
         set_health(instance, False, str(exc))
         return False, str(exc)

@@ -108,6 +108,31 @@ def test_add_instance_stores_the_key_encrypted_checks_health_and_records_the_hos
         assert "PRIVATE KEY" not in repr(cursor.fetchall())
 
 
+def test_a_host_whose_horovod_cannot_load_pytorch_is_unhealthy_until_it_passes_the_full_check(sshds, db, tmp_path):
+    """A new instance gets the full check (`horovodrun --check-build`, which exits 0 whatever it
+    lacks: its report is read). A healthy one's check each minute only starts horovodrun, so it
+    does not take 10 CPU-seconds from the host's jobs; the admin's check is the full one."""
+    from jobs.backends import instances
+
+    broken = tmp_path / "broken" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libcudart.so.12: cannot open shared object file")\n')
+    instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2, check=True,
+                            setup=f'PYTHONPATH="{broken.parent}"; export PYTHONPATH')
+    instance.refresh_from_db()
+    assert not instance.healthy
+    assert instance.health_reason.endswith(
+        ": horovodrun --check-build: Horovod is built without a framework (TensorFlow, PyTorch, MXNet) "
+        "and without the Gloo controller"), instance.health_reason
+
+    Instance.objects.filter(pk=instance.pk).update(healthy=True)          # as if it had passed before
+    instance.refresh_from_db()
+    assert instances.check(instance) == (True, "ok: no nvidia-smi (CPU slots)")
+    ok, reason = instances.check(instance, build=True)
+    assert not ok and "Horovod is built without a framework" in reason
+    assert not Instance.objects.get(pk=instance.pk).healthy
+
+
 def test_a_changed_host_key_is_refused(sshds, db):
     instance = add_instance(sshds, "gpu-a", "127.0.0.2", 2)
     other = sshds["servers"][1].host_key_line()                                # the key of another host
