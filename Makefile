@@ -41,10 +41,11 @@ test-services:
 	tests/services.sh
 
 # In parallel (pytest-xdist): each worker has a test database and a Redis database of its own
-# (tests/parallel.py); the slowest tests are listed at the end.
+# (tests/parallel.py) and takes the next test as it finishes one, the longest first
+# (tests/conftest.py); the slowest tests are listed at the end.
 TEST_WORKERS ?= 4
 test: install test-services
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

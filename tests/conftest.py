@@ -20,13 +20,24 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ELASTIC_SETTLE_SECONDS = 10
 
 
+# The modules of the suite's longest tests (a minute or more each on a busy 2-core machine;
+# `make test` lists the slowest), longest first.
+LONGEST_FIRST = ("integration/test_elastic_jobs.py", "integration/test_gpu_binding.py", "test_api_fuzz.py",
+                 "integration/test_followers.py", "integration/test_instances.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Integration and browser tests (which start services and run jobs) first, the fast tests
-    after them: run in parallel (pytest-xdist), the long tests start early and the short ones
-    fill the workers' last minutes."""
-    def fast(item):
-        return not any(item.get_closest_marker(name) for name in ("integration", "browser"))
-    items.sort(key=fast)
+    """The longest tests first, then the other integration and browser tests (which start
+    services and run jobs), then the fast ones. `make test` hands tests to its xdist workers one
+    at a time as each finishes one (--maxschedchunk 1), so the long tests start early on every
+    worker and the short ones fill the workers' last minutes."""
+    def rank(item):
+        path = item.path.relative_to(Path(__file__).parent).as_posix()
+        if path in LONGEST_FIRST:
+            return LONGEST_FIRST.index(path)
+        slow = any(item.get_closest_marker(name) for name in ("integration", "browser"))
+        return len(LONGEST_FIRST) + (0 if slow else 1)
+    items.sort(key=rank)
 
 
 def job_name(job_id):
