@@ -181,12 +181,13 @@ def test_each_job_of_a_shared_round_pushes_its_own_lines_to_its_viewers(make_use
             for n in range(8)]
     chunks = {job.pk: b"".join(b"[0]<stdout>:job=%d line=%d\n" % (job.pk, i) for i in range(100)) for job in jobs}
     pushes, subscribed, received = {job.pk: [] for job in jobs}, threading.Event(), threading.Event()
+    groups = [live.group_name(job.pk) for job in jobs]      # (the installation's id read here, not on the loop)
 
     async def listen():
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        for job in jobs:
-            await layer.group_add(live.group_name(job.pk), channel)
+        for group in groups:
+            await layer.group_add(group, channel)
         subscribed.set()
         loop, deadline = asyncio.get_running_loop(), asyncio.get_running_loop().time() + 60
         while not all(p and p[-1]["last_seq"] == 499 for p in pushes.values()) and loop.time() < deadline:
