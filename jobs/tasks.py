@@ -17,8 +17,8 @@ def dispatch():
 
 @shared_task
 def run_job(job_id):
-    """Launch one job; a thread of the worker's own follows it to its end, so the task (and the
-    pool's thread) is done once the launch is."""
+    """Launch one job; the worker's follow hub (jobs.domain.followhub) follows it to its end, so
+    the task (and the pool's thread) is done once the launch is."""
     follow.start(job_id)
 
 

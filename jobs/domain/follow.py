@@ -230,106 +230,164 @@ def _follow_events(job_id, me, runner, spec, job, splitter):
 
 
 def _store_events(job_id, me, runner, spec, job, splitter):
-    next_host_check = next_size_check = beat_seen = 0.0
-    settled = False
-    resettled_at = None     # when an elastic job may be resized again after its last resize
-    stop_reason = None
-    pending = None          # the batch handed in last, until its answer was looked at
-    stopping = None         # the cancel under way (on the hub's threads for slow calls)
-    next_seq = job.next_seq  # where the job's seq stands once what was handed in is stored
-    # Output is gathered only once the job is known to run: a job that ends within a gather would
-    # otherwise end without its runner having been asked while it ran (a short MPIJob's
-    # Running, seen only by a follow that looks).
-    running = job.state == State.RUNNING
+    """The follow's steps, event by event: store output, record what the runner says, end the
+    job; between events, apply a resize and read the heartbeat. Returns True where another
+    follower holds the job (or refused this one's output), False once the job ended."""
+    follow = _Following(job_id, me, runner, spec, job, splitter)
     try:
         # Breaking out of the loop closes the runner's generator: that is how a follow stops.
         for event in runner.follow(spec, job.output_offset, cursor=job.follow_cursor or None):
             now = time.monotonic()
             if isinstance(event, Output):
-                # Stored by the worker's writer with what its other followers print meanwhile, in one
-                # transaction. This batch is split and prepared while the one before it is stored;
-                # that one's answer is looked at once this one is handed in (a batch after a
-                # refused one is refused too: it does not start where the stored output ends).
-                lines = splitter.feed(event.data)
-                end = event.offset + len(event.data)
-                handed = logbatch.submit(job_id, lines, event.offset, end, splitter.state(), follower=me,
-                                         cursor=event.cursor, first_seq=next_seq)
-                next_seq += len(lines)
-                if pending is not None and not pending.result():
+                if not follow.hand_in(event):
                     return True
-                pending = handed
-                if running and len(event.data) < UNWATCHED_GATHER_BELOW_BYTES:
-                    viewer = Bell()                 # rung when a viewer opens the job's page
-                    if live.nobody_hears(job_id, viewer.ring):
-                        # (A cancel, the end or an elastic job's resize is seen after it.)
-                        yield Waiting(seconds=SIZE_CHECK_SECONDS if spec.elastic else UNWATCHED_GATHER_SECONDS,
-                                      bell=viewer)
+                if follow.unwatched(event):
+                    yield follow.gather()
             elif not isinstance(event, Waiting):
-                if pending is not None:         # what the event says comes after every line before it
-                    stored, pending = pending.result(), None
-                    if not stored:
-                        return True
-                with dbpool.borrowed():         # given back before the runner's next event is waited for
-                    if isinstance(event, Running):
-                        _now_running(job_id, event.detail)
-                        running = True
-                    elif isinstance(event, Status):
-                        states.set_reason(job_id, event.reason)
-                    elif isinstance(event, Exited):
-                        lines = splitter.finish()
-                        job = Job.objects.get(pk=job_id)
-                        if lines and not append_output(job_id, lines, job.output_offset, job.output_offset,
-                                                       splitter.state(), follower=me):
-                            return True
-                if isinstance(event, Exited):
-                    if stopping is not None:
-                        yield from _waited_for(stopping)
-                    if stop_reason or job.cancel_requested:
-                        # The launcher may have gone first (a cancel elsewhere signals it before the
-                        # ranks): the job ends only once every one of its processes has.
-                        yield from _waited_for(hub.run_slow(runner.cancel, spec))
-                    with dbpool.borrowed():
-                        finish(job_id, event, stop_reason)
-                    return False
-            if spec.elastic and stop_reason is None and now >= next_size_check:
-                # The scheduler resized the job: Horovod picks it up within a second of this.
-                next_size_check = now + SIZE_CHECK_SECONDS
-                with dbpool.borrowed():
-                    size = Job.objects.filter(pk=job_id).values_list("size", flat=True).first()
-                    if size and size != spec.gpus:
-                        try:
-                            spec = replace(spec, gpus=_apply_size(job_id))
-                            resettled_at = now + settings.RINGMASTER_ELASTIC_SETTLE_SECONDS
-                        except Exception:                    # a host it grows onto is away: try again soon
-                            log.exception("job %s: applying its size %s failed", job_id, size)
-                            next_size_check = now + HOST_CHECK_SECONDS
-            if resettled_at is not None and now >= resettled_at:
-                # Settled at its new size: a queued job may shrink it now, or it may grow.
-                resettled_at = None
-                with dbpool.borrowed():
-                    taskqueue.wake_scheduler()
-            # What the worker's heartbeat last read of the job (a query only when there is work).
-            reading = heartbeat.reading(job_id)
-            if reading is not None and reading.at > beat_seen:
-                beat_seen = reading.at
-                if not reading.held:
+                if not follow.stored_so_far() or not follow.record(event):
                     return True
-                if stop_reason is None:
-                    stop_reason, settled, next_host_check = _look_at_reading(
-                        job_id, spec, reading, now, settled, next_host_check)
-                    if stop_reason is not None:         # its follow goes on to the launcher's end
-                        stopping = hub.run_slow(runner.cancel, spec)
+                if isinstance(event, Exited):
+                    yield from follow.end(event)
+                    return False
+            follow.apply_size(now)
+            if follow.lost_claim(now):
+                return True
             if isinstance(event, Waiting):
-                # Nothing new: the hub resumes this follow when the runner's wait is over, or
-                # when the next beat (or the elastic job's size) may say something.
-                longest = SIZE_CHECK_SECONDS if spec.elastic else heartbeat.HEARTBEAT_SECONDS
-                yield event if event.seconds <= longest else replace(event, seconds=longest)
+                yield follow.capped(event)
         return False
     finally:
-        # The claim is given up only once the last batch is stored or refused: a follower that
-        # takes the job over then starts where the stored output really ends.
-        if pending is not None:
-            pending.done.wait()
+        follow.drain()
+
+
+class _Following:
+    """What one follow knows between the runner's events, and its steps."""
+
+    def __init__(self, job_id, me, runner, spec, job, splitter):
+        self.job_id, self.me, self.runner, self.spec, self.job, self.splitter = job_id, me, runner, spec, job, splitter
+        self.next_host_check = self.next_size_check = self.beat_seen = 0.0
+        self.settled = False
+        self.resettled_at = None    # when an elastic job may be resized again after its last resize
+        self.stop_reason = None
+        self.pending = None         # the batch handed in last, until its answer was looked at
+        self.stopping = None        # the cancel under way (on the hub's threads for slow calls)
+        self.next_seq = job.next_seq  # where the job's seq stands once what was handed in is stored
+        # Output is gathered only once the job is known to run: a job that ends within a gather
+        # would otherwise end without its runner having been asked while it ran (a short
+        # MPIJob's Running, seen only by a follow that looks).
+        self.running = job.state == State.RUNNING
+
+    def hand_in(self, event):
+        """Split an Output and hand its lines to the worker's writer, which stores them with what
+        its other followers print meanwhile, in one transaction. This batch is split and prepared
+        while the one before it is stored; that one's answer is looked at once this one is handed
+        in (a batch after a refused one is refused too: it does not start where the stored output
+        ends). False: the writer refused the batch before."""
+        lines = self.splitter.feed(event.data)
+        end = event.offset + len(event.data)
+        handed = logbatch.submit(self.job_id, lines, event.offset, end, self.splitter.state(), follower=self.me,
+                                 cursor=event.cursor, first_seq=self.next_seq)
+        self.next_seq += len(lines)
+        refused = self.pending is not None and not self.pending.result()
+        self.pending = handed
+        return not refused
+
+    def unwatched(self, event):
+        """Whether the running job prints a little and nobody hears it: its output is then
+        gathered (read again after a while, or when a viewer rings the bell)."""
+        if not self.running or len(event.data) >= UNWATCHED_GATHER_BELOW_BYTES:
+            return False
+        self.viewer = Bell()                 # rung when a viewer opens the job's page
+        return live.nobody_hears(self.job_id, self.viewer.ring)
+
+    def gather(self):
+        # (A cancel, the end or an elastic job's resize is seen after it.)
+        return Waiting(seconds=SIZE_CHECK_SECONDS if self.spec.elastic else UNWATCHED_GATHER_SECONDS,
+                       bell=self.viewer)
+
+    def stored_so_far(self):
+        """Wait until the lines handed in are stored: what an event says comes after every line
+        before it. False: they were refused."""
+        if self.pending is None:
+            return True
+        stored, self.pending = self.pending.result(), None
+        return stored
+
+    def record(self, event):
+        """Record what the runner says (running, a status, the last lines at its end). False:
+        the last lines were refused."""
+        with dbpool.borrowed():         # given back before the runner's next event is waited for
+            if isinstance(event, Running):
+                _now_running(self.job_id, event.detail)
+                self.running = True
+            elif isinstance(event, Status):
+                states.set_reason(self.job_id, event.reason)
+            elif isinstance(event, Exited):
+                lines = self.splitter.finish()
+                self.job = job = Job.objects.get(pk=self.job_id)
+                if lines and not append_output(self.job_id, lines, job.output_offset, job.output_offset,
+                                               self.splitter.state(), follower=self.me):
+                    return False
+        return True
+
+    def end(self, exited):
+        """Steps that end the job once its launcher exited."""
+        if self.stopping is not None:
+            yield from _waited_for(self.stopping)
+        if self.stop_reason or self.job.cancel_requested:
+            # The launcher may have gone first (a cancel elsewhere signals it before the ranks):
+            # the job ends only once every one of its processes has.
+            yield from _waited_for(hub.run_slow(self.runner.cancel, self.spec))
+        with dbpool.borrowed():
+            finish(self.job_id, exited, self.stop_reason)
+
+    def apply_size(self, now):
+        """An elastic job: apply the size the scheduler decided (Horovod picks it up within a
+        second), and once it settled at it, wake the scheduler (a queued job may shrink it now,
+        or it may grow)."""
+        if self.spec.elastic and self.stop_reason is None and now >= self.next_size_check:
+            self.next_size_check = now + SIZE_CHECK_SECONDS
+            with dbpool.borrowed():
+                size = Job.objects.filter(pk=self.job_id).values_list("size", flat=True).first()
+                if size and size != self.spec.gpus:
+                    try:
+                        self.spec = replace(self.spec, gpus=_apply_size(self.job_id))
+                        self.resettled_at = now + settings.RINGMASTER_ELASTIC_SETTLE_SECONDS
+                    except Exception:                    # a host it grows onto is away: try again soon
+                        log.exception("job %s: applying its size %s failed", self.job_id, size)
+                        self.next_size_check = now + HOST_CHECK_SECONDS
+        if self.resettled_at is not None and now >= self.resettled_at:
+            self.resettled_at = None
+            with dbpool.borrowed():
+                taskqueue.wake_scheduler()
+
+    def lost_claim(self, now):
+        """Look at what the worker's heartbeat last read of the job (a query only when there is
+        work): True where another follower holds it; a cancel, a time limit or a lost host
+        starts stopping it (its follow goes on to the launcher's end)."""
+        reading = heartbeat.reading(self.job_id)
+        if reading is None or reading.at <= self.beat_seen:
+            return False
+        self.beat_seen = reading.at
+        if not reading.held:
+            return True
+        if self.stop_reason is None:
+            self.stop_reason, self.settled, self.next_host_check = _look_at_reading(
+                self.job_id, self.spec, reading, now, self.settled, self.next_host_check)
+            if self.stop_reason is not None:
+                self.stopping = hub.run_slow(self.runner.cancel, self.spec)
+        return False
+
+    def capped(self, waiting):
+        """The runner's wait, cut short so the hub resumes this follow when the next beat (or
+        an elastic job's size) may say something."""
+        longest = SIZE_CHECK_SECONDS if self.spec.elastic else heartbeat.HEARTBEAT_SECONDS
+        return waiting if waiting.seconds <= longest else replace(waiting, seconds=longest)
+
+    def drain(self):
+        """The claim is given up only once the last batch is stored or refused: a follower that
+        takes the job over then starts where the stored output really ends."""
+        if self.pending is not None:
+            self.pending.done.wait()
 
 
 def _waited_for(future):
