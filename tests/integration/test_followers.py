@@ -547,8 +547,10 @@ for i in range(3000):
 def test_a_rank_that_hangs_past_the_time_limit_is_named(api):
     api.a_worker()
     job_id = submit(api, gpus=2, script=upload(api, RANK_1_HANGS, "hang.py"), time_limit_minutes=1)
-    wait_for(lambda: LogLine.objects.filter(job_id=job_id, rank=1, text__contains="never").exists(), timeout=120,
-             message="rank 1 to print")
+    # Both ranks have printed (rank 0 keeps printing), so only rank 1 can be the silent one.
+    wait_for(lambda: LogLine.objects.filter(job_id=job_id, rank=1, text__contains="never").exists()
+             and LogLine.objects.filter(job_id=job_id, rank=0, text__startswith="rank 0 step").exists(), timeout=120,
+             message="both ranks to print")
     # As if rank 1 had said its last line 30 s ago and the job had started two minutes ago.
     LogLine.objects.filter(job_id=job_id, rank=1).update(ts=timezone.now() - timedelta(seconds=30))
     Job.objects.filter(pk=job_id).update(started_at=timezone.now() - timedelta(minutes=2))
