@@ -111,7 +111,7 @@ class Admission:
         return f"on {self.backend.label}"
 
     def resize(self, job, size):
-        """Record that the admitted elastic `job` now holds `size` GPUs (was job.gpus_in_use); the
+        """Record that the admitted elastic `job` now holds `size` GPUs instead of job.gpus_in_use; the
         book's GPU counts are changed by the scheduler."""
 
     def lost(self, job):
