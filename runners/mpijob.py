@@ -4,7 +4,8 @@ manner of mpi-operator's controller (newLauncherPodTemplate, newWorker, newConfi
 Read next to mpi-operator's examples (examples/v2beta1/horovod/*.yaml): GPUs go on workers only
 (`nvidia.com/gpu` limits), `slotsPerWorker` is the GPUs of one worker, `-np` is workers x slots.
 The ranks start on the workers under sshd and do not inherit the launcher container's
-environment, so every user variable is forwarded with `mpirun -x NAME`.
+environment, so every user variable is forwarded with `mpirun -x NAME`. Job pods get no
+ServiceAccount token, cannot gain privileges, and keep no capability but those sshd needs.
 
 The operator validates late (a bad spec only gets a `ValidationError` event and the job sits
 forever), so validate() checks every MPIJob against the CRD's own schema and the controller's
@@ -37,6 +38,15 @@ BOUNDS_ANNOTATION = "ringmaster.io/elastic-workers"   # "min-max" worker replica
 CRD_FILE = Path(__file__).with_name("schemas") / "mpijob-crd-v2beta1.yaml"
 MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses a ConfigMap over 1 MiB (with its metadata)
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+# Capabilities a job's containers keep; every other one is dropped. mpirun and horovodrun reach
+# the workers over SSH: the launcher's ssh client needs none. A worker runs the image's sshd as
+# root (mpi-operator's default command and sshAuthMountPath /root/.ssh), which binds port 22
+# (NET_BIND_SERVICE), chroots its pre-authentication child into /run/sshd (SYS_CHROOT), and
+# switches it to the unprivileged sshd user and sets the login's groups (SETUID, SETGID). Both
+# launchers run their commands without a terminal, so sshd neither hands one over (CHOWN) nor
+# writes a login record (AUDIT_WRITE). All four are in Pod Security's baseline set.
+LAUNCHER_CAPABILITIES = ()
+WORKER_CAPABILITIES = ("NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT")
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,25 @@ def _script_volume(spec):
     return [volume], [mount]
 
 
+def _security_context(capabilities):
+    """A job container's securityContext: no privilege gained through setuid binaries or file
+    capabilities, and no capability beyond `capabilities`."""
+    dropped = {"drop": ["ALL"]}
+    if capabilities:
+        dropped["add"] = list(capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": dropped}
+
+
+def _pod_spec(container, volumes, placed):
+    """A job pod's spec around its one container. No ServiceAccount token: user code never
+    needs the cluster's API (the portal follows the job itself), and a mounted token would give
+    it whatever the namespace's default account may do."""
+    pod = {"automountServiceAccountToken": False, "containers": [container], **placed}
+    if volumes:
+        pod["volumes"] = volumes
+    return pod
+
+
 def _scheduling(cluster, gpu_pod):
     """Pod spec fields placing a pod: node selector (GPU pods only), tolerations, priority."""
     placed = {}
@@ -194,7 +223,8 @@ def _scheduling(cluster, gpu_pod):
 
 
 def new_launcher_template(spec, cluster, np):
-    """The launcher's pod template: runs mpirun, needs no GPU (the operator hides them)."""
+    """The launcher's pod template: runs mpirun, needs no GPU (the operator hides them) and no
+    capability."""
     volumes, mounts = _script_volume(spec)
     container = {
         "name": LAUNCHER,
@@ -205,18 +235,18 @@ def new_launcher_template(spec, cluster, np):
             "requests": {"cpu": _quantity(cluster.launcher_cpu), "memory": f"{cluster.launcher_memory_gib}Gi"},
             "limits": {"memory": f"{cluster.launcher_memory_gib}Gi"},
         },
+        "securityContext": _security_context(LAUNCHER_CAPABILITIES),
     }
     if mounts:
         container["volumeMounts"] = mounts
-    pod = {"containers": [container], **_scheduling(cluster, gpu_pod=False)}
-    if volumes:
-        pod["volumes"] = volumes
-    return {"metadata": {"labels": _labels(spec)}, "spec": pod}
+    return {"metadata": {"labels": _labels(spec)},
+            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=False))}
 
 
 def new_worker_template(spec, cluster, slots):
     """A worker's pod template: `slots` GPUs (limits only), CPU and memory per GPU. No command:
-    the operator starts sshd, and mpirun starts the ranks through it."""
+    the operator starts sshd, and mpirun starts the ranks through it; the container keeps only
+    the capabilities sshd needs as root (WORKER_CAPABILITIES), which the ranks inherit."""
     volumes, mounts = _script_volume(spec)
     memory = f"{cluster.memory_per_gpu_gib * slots}Gi"
     container = {
@@ -226,13 +256,12 @@ def new_worker_template(spec, cluster, slots):
             "requests": {"cpu": _quantity(cluster.cpu_per_gpu * slots), "memory": memory},
             "limits": {"memory": memory, "nvidia.com/gpu": slots},
         },
+        "securityContext": _security_context(WORKER_CAPABILITIES),
     }
     if mounts:
         container["volumeMounts"] = mounts
-    pod = {"containers": [container], **_scheduling(cluster, gpu_pod=True)}
-    if volumes:
-        pod["volumes"] = volumes
-    return {"metadata": {"labels": _labels(spec)}, "spec": pod}
+    return {"metadata": {"labels": _labels(spec)},
+            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=True))}
 
 
 def new_script_configmap(spec, cluster, owner=None):

@@ -85,6 +85,38 @@ def test_a_two_worker_job_runs_to_success_with_every_rank_line_stored(http, fake
     assert creates(fake) - before == 1
 
 
+def test_job_pods_run_without_a_token_or_privilege_escalation_keeping_only_sshds_capabilities(http, fake, cluster):
+    """Checked where it counts: the MPIJob as the API server stored it (validated against the CRD,
+    unknown fields pruned) and the launcher and worker pods the operator made from it."""
+    hold = threading.Event()
+    fake.scenario = Scenario(hold=hold)
+    job_id = submit(http, script=upload(http))
+    name = job_name(job_id)
+
+    def running_pods():
+        pods = [p for p in fake.pods(NS, selector=f"training.kubeflow.org/job-name={name}")
+                if p["status"]["phase"] == "Running"]
+        return pods if len(pods) == 3 else None          # the launcher and 2 workers
+
+    try:
+        pods = wait_for(running_pods, timeout=60, message="the job's pods to run")
+    finally:
+        hold.set()
+    assert wait_state(job_id, ENDED).state == State.SUCCEEDED
+    roles = sorted(p["metadata"]["labels"]["training.kubeflow.org/job-role"] for p in pods)
+    assert roles == ["launcher", "worker", "worker"]
+    stored = fake.mpijob(NS, name)["spec"]["mpiReplicaSpecs"]
+    for pod in [*pods, *(replica["template"] for replica in stored.values())]:
+        role = pod["metadata"]["labels"].get("training.kubeflow.org/job-role") or "template"
+        assert pod["spec"]["automountServiceAccountToken"] is False, role
+        (container,) = pod["spec"]["containers"]
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"], role
+        sshd = container["name"] == "worker"
+        assert context["capabilities"].get("add", []) == (
+            ["NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT"] if sshd else []), role
+
+
 def test_a_failed_launcher_ends_failed_with_the_operators_reason_and_the_failing_rank(http, fake, cluster):
     output = default_output(2, 1) + [
         b"[1,1]<stderr>:Traceback (most recent call last):\n[1,1]<stderr>:RuntimeError: NaN loss\n",

@@ -147,6 +147,7 @@ def test_every_built_mpijob_passes_the_crd_schema_and_the_controllers_rules(
                                  clean_pod_policy=policy, kueue_queue=kueue)
     job, _ = mpijob.build(job_spec, cluster)
     assert mpijob.schema_problems(job) == [] and mpijob.controller_problems(job) == []
+    assert_locked_down(job)
 
 
 @pytest.mark.parametrize(("breakage", "problem"), [
@@ -162,6 +163,10 @@ def test_every_built_mpijob_passes_the_crd_schema_and_the_controllers_rules(
     (lambda j: j["spec"].update(slotsPerWorker="8"), "slotsPerWorker"),
     (lambda j: j["spec"].pop("mpiReplicaSpecs"), "mpiReplicaSpecs"),
     (lambda j: containers(j, "Worker")[0].pop("name"), "'name' is a required property"),
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"].update(automountServiceAccountToken="no"),
+     "Launcher.template.spec.automountServiceAccountToken: 'no' is not of type 'boolean'"),
+    (lambda j: containers(j, "Worker")[0]["securityContext"]["capabilities"].update(drop="ALL"),
+     "securityContext.capabilities.drop: 'ALL' is not of type 'array'"),
 ])
 def test_validation_names_what_the_api_server_or_operator_would_refuse(breakage, problem):
     job = mpijob.new_mpijob(spec(), CLUSTER)
@@ -215,6 +220,8 @@ def _misspell(path, wrong):
     ("spec.mpiReplicaSpecs.Worker.template.spec.containers.0", "imagePullPolice"),
     ("spec.mpiReplicaSpecs.Worker.template.spec.containers.0.resources", "limitz"),
     ("spec.mpiReplicaSpecs.Launcher.template.spec.containers.0", "comand"),
+    ("spec.mpiReplicaSpecs.Launcher.template.spec.containers.0.securityContext", "allowPrivilegeEscalaton"),
+    ("spec.mpiReplicaSpecs.Worker.template.spec.containers.0.securityContext.capabilities", "dorp"),
 ])
 def test_a_misspelled_field_at_any_level_is_refused_naming_its_path(path, wrong):
     """As the API server with fieldValidation=Strict: a typo is an error, not a setting that is
@@ -230,6 +237,47 @@ def test_fields_the_crd_leaves_open_stay_open():
     document["metadata"]["labels"]["anything.example/at-all"] = "yes"           # a map of strings
     document["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"] = {"annotations": {"a": "b"}}
     assert mpijob.schema_problems(document) == []
+
+
+# --- what a job's pods may do (issue #41) ---------------------------------------------------------
+# Capabilities Pod Security's baseline level lets a container add (the Pod Security Standards):
+# a namespace enforcing it, as the guide's job namespaces do, admits the pods.
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+# What the image's sshd needs as root on a worker, no more (tests/test_mpijob_sshd.py runs it so).
+SSHD_CAPABILITIES = {"NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT"}
+
+
+def assert_locked_down(job):
+    """Every pod template of `job`: no ServiceAccount token, no privilege escalation, every
+    capability dropped; the launcher adds none back, a worker only what its sshd needs."""
+    for kind, replica in job["spec"]["mpiReplicaSpecs"].items():
+        pod = replica["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, kind
+        assert "initContainers" not in pod and "ephemeralContainers" not in pod, kind
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and not context.get("privileged"), kind
+            assert context["capabilities"]["drop"] == ["ALL"], kind
+            added = set(context["capabilities"].get("add", []))
+            assert added == (SSHD_CAPABILITIES if kind == "Worker" else set()), kind
+            assert added <= BASELINE_CAPABILITIES, kind
+
+
+@pytest.mark.parametrize("job_spec", [
+    spec(), spec(script_content=None, script_name="", script_path="/examples/train.py"),
+    spec(gpus=8, min_gpus=8, max_gpus=16)],
+    ids=["uploaded-script", "script-in-the-image", "elastic"])
+@pytest.mark.parametrize("launcher", mpijob.LAUNCHERS)
+def test_job_pods_get_no_token_cannot_gain_privileges_and_keep_only_the_capabilities_sshd_needs(job_spec, launcher):
+    job, _ = mpijob.build(job_spec, mpijob.ClusterSpec(namespace="team-a", gpus_per_node=8, launcher=launcher,
+                                                       kueue_queue="q"))
+    assert_locked_down(job)
+    (launcher_container,) = containers(job, "Launcher")
+    assert launcher_container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]}}
+    (worker,) = containers(job, "Worker")
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": sorted(SSHD_CAPABILITIES)}
 
 
 # --- elastic jobs (issue #15): horovodrun over the operator's discovery script ----------------
