@@ -3,11 +3,16 @@
 Pure and fast: no cluster, no Docker, no database, no network. The manifests are validated with
 kubernetes-validate's bundled schemas (strict: unknown fields fail) for one fixed Kubernetes
 version, and cross-checked against what the code really reads and runs (portal/settings.py,
-deploy/Procfile, deploy/docker-entrypoint.sh, portal/urls.py).
+deploy/Procfile, deploy/docker-entrypoint.sh, portal/urls.py, the labels runners/mpijob.py gives
+job pods). The NetworkPolicies are evaluated, connection by connection, against those labels;
+Redis runs once, on a Unix socket, with its manifest's arguments.
 """
+import base64
 import copy
+import dataclasses
 import fnmatch
 import functools
+import ipaddress
 import json
 import os
 import re
@@ -16,12 +21,16 @@ import shutil
 import socket
 import stat
 import subprocess
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+
+from runners import mpijob
+from runners.base import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -143,6 +152,53 @@ def container_env(container):
     return env
 
 
+def secret_data(name):
+    """key -> value of a Secret of the manifests (data decoded, stringData as written)."""
+    secret = named("Secret", name)
+    decoded = {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+    return {**decoded, **(secret.get("stringData") or {})}
+
+
+def resolved_env(container):
+    """name -> value of every variable a container gets, read from its ConfigMaps and Secrets."""
+    values = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            values.update(named("ConfigMap", source["configMapRef"]["name"]).get("data", {}))
+        else:
+            values.update(secret_data(source["secretRef"]["name"]))
+    for item in container.get("env", []):
+        ref = item.get("valueFrom", {})
+        if "secretKeyRef" in ref:
+            values[item["name"]] = secret_data(ref["secretKeyRef"]["name"])[ref["secretKeyRef"]["key"]]
+        elif "configMapKeyRef" in ref:
+            ref = ref["configMapKeyRef"]
+            values[item["name"]] = named("ConfigMap", ref["name"])["data"][ref["key"]]
+        else:
+            values[item["name"]] = item.get("value", "")
+    return values
+
+
+def expanded(words, env):
+    """args or command as the kubelet runs them: each $(NAME) of the container's variables
+    replaced by its value."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), word)
+            for word in words]
+
+
+@functools.lru_cache(maxsize=None)
+def _guide_heredoc(mtime):
+    guide = (DEPLOY / "KUBERNETES.md").read_text()
+    heredoc = re.search(r"kubectl apply -f - <<EOF\n(.*?)\nEOF\n", guide, re.S).group(1).replace("$NS", "team-x")
+    return tuple(d for d in yaml.load_all(heredoc, Loader=Loader) if d)
+
+
+def guide_heredoc():
+    """The documents KUBERNETES.md applies in a namespace of its own (section 6), for `team-x`;
+    a copy the caller may change."""
+    return copy.deepcopy(list(_guide_heredoc((DEPLOY / "KUBERNETES.md").stat().st_mtime_ns)))
+
+
 def dockerfile(path):
     """[(INSTRUCTION, arguments)], continuation lines joined, comments dropped, ARGs before the
     first FROM substituted into FROM (the way `docker build` does without --build-arg)."""
@@ -214,7 +270,7 @@ def test_kustomization_sets_namespace_and_rewrites_the_portal_image():
 def test_every_resource_kind_is_expected():
     kinds = {doc["kind"] for _, doc in resources()}
     assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "Service",
-            "Deployment", "StatefulSet", "Ingress"} <= kinds
+            "Deployment", "StatefulSet", "Ingress", "NetworkPolicy"} <= kinds
     assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, "the portal must have no cluster-wide rights"
 
 
@@ -378,6 +434,76 @@ def test_public_host_and_probe_host_are_allowed():
             assert headers.get("host") in allowed, f"{probe} would get 400 DisallowedHost"
 
 
+# --- passwords of the database and of Redis --------------------------------------------------
+
+def server_container(name):
+    (container,) = pod_spec(named({"postgres": "StatefulSet", "redis": "Deployment"}[name], name))["containers"]
+    return container
+
+
+def test_postgresql_and_redis_ask_for_the_passwords_the_portals_urls_carry():
+    """Each server takes its password from a Secret, and the URL web, worker and beat use (from
+    a Secret too, never the ConfigMap) carries that same password to that server's Service."""
+    services = {s["metadata"]["name"]: s for s in of_kind("Service")}
+    postgres = resolved_env(server_container("postgres"))
+    redis_container = server_container("redis")
+    redis_argv = expanded(redis_container["args"], resolved_env(redis_container))
+    assert "--requirepass" in redis_argv, "Redis asks for no password"
+    asked = {"DATABASE_URL": ("postgres", postgres["POSTGRES_PASSWORD"]),
+             "REDIS_URL": ("redis", redis_argv[redis_argv.index("--requirepass") + 1])}
+    for name in PORTAL_COMPONENTS:
+        container = pod_spec(component(name))["containers"][0]
+        env, sources = resolved_env(container), container_env(container)
+        for variable, (server, password) in asked.items():
+            assert password and "$(" not in password, f"{server} asks for no password"
+            assert "secretRef" in sources[variable], f"{name} reads {variable} from a ConfigMap"
+            url = urllib.parse.urlsplit(env[variable])
+            assert urllib.parse.unquote(url.password or "") == password, f"{name}'s {variable}"
+            service = services[url.hostname]["spec"]
+            assert url.port == service["ports"][0]["port"]
+            assert service["selector"]["app.kubernetes.io/component"] == server, f"{variable} names another server"
+    for config in of_kind("ConfigMap"):
+        assert not {"DATABASE_URL", "REDIS_URL"} & set(config.get("data", {})), config["metadata"]["name"]
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                    reason="redis-server and redis-cli not installed")
+def test_redis_run_as_its_manifest_says_refuses_a_client_without_the_password(tmp_path):
+    """The container's argv (variables expanded as the kubelet does) on a real redis-server, on a
+    Unix socket: no password, no PING; the portal's REDIS_URL and the readiness probe get in."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    container = server_container("redis")
+    env = resolved_env(container)
+    argv = expanded(container["args"], env)
+    assert argv[0] == "redis-server"
+    sock = tmp_path / "redis.sock"
+    server = subprocess.Popen([shutil.which("redis-server"), *argv[1:], "--port", "0", "--unixsocket", str(sock),
+                               "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in server.stdout:                        # ends when redis-server exits
+            if "ready to accept connections" in line.lower():
+                break
+        else:
+            pytest.fail(f"redis-server exited with {server.wait()}")
+        once = Retry(NoBackoff(), 0)                      # the client retries a refused login otherwise
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(unix_socket_path=str(sock), retry=once).ping()
+        url = redis.connection.parse_url(resolved_env(pod_spec(component("worker"))["containers"][0])["REDIS_URL"])
+        assert redis.Redis(unix_socket_path=str(sock), password=url["password"], db=url.get("db", 0), retry=once).ping()
+        probe = container["readinessProbe"]["exec"]["command"]
+        assert probe[0] == "redis-cli"
+        probe_env = {"PATH": os.environ["PATH"], **{k: v for k, v in env.items() if k.startswith("REDISCLI_")}}
+        answer = subprocess.run([probe[0], "-s", str(sock), *probe[1:]], env=probe_env, capture_output=True,
+                                text=True, timeout=30)
+        assert (answer.returncode, answer.stdout.strip()) == (0, "PONG"), answer
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 # --- programs --------------------------------------------------------------------------------
 
 def _stub_bin(directory, log):
@@ -517,6 +643,238 @@ def test_portal_user_in_the_image_is_the_one_the_pods_run_as():
         assert str(pod_spec(component(name))["securityContext"]["runAsUser"]) == uid
 
 
+# --- network policies ------------------------------------------------------------------------
+# networkpolicy.yaml (and the guide's policy for a namespace of its own), evaluated as the
+# NetworkPolicy API defines them, connection by connection, between the pods the deploy runs
+# (their template labels and named ports), the pods of the portal's MPIJobs (the labels
+# runners/mpijob.py gives them plus those mpi-operator adds) and the cluster's own DNS and ingress
+# controller. Network plugins differ on one point: whether an ipBlock matches pod addresses too
+# (Calico: yes; Cilium: no). Every check holds under both readings.
+
+OPERATOR_LABELS = ("training.kubeflow.org/operator-name", "training.kubeflow.org/job-name",
+                   "training.kubeflow.org/job-role", "training.kubeflow.org/replica-index")
+IPBLOCK_READINGS = pytest.mark.parametrize("ipblock_reaches_pods", [True, False],
+                                           ids=["ipBlock-matches-pods", "ipBlock-outside-only"])
+JOB_NAMESPACES = pytest.mark.parametrize("namespace", ["ringmaster", "team-x"])   # the deploy's, the guide's
+SSH_PORT = 22
+CALLBACK_PORT = 41235   # a port orted, Gloo or Horovod's elastic driver picks
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """A pod (its namespace, labels and named ports) or, without a namespace, an address outside
+    the cluster."""
+    name: str
+    namespace: str | None
+    labels: dict = dataclasses.field(default_factory=dict)
+    ports: dict = dataclasses.field(default_factory=dict)     # name -> (port, protocol)
+    ip: str = ""
+
+
+# The cluster's DNS and ingress-nginx's controller, with the labels their standard installs give.
+CLUSTER_DNS = Endpoint("coredns", "kube-system", {"k8s-app": "kube-dns"},
+                       {"dns": (53, "UDP"), "dns-tcp": (53, "TCP")})
+INGRESS_CONTROLLER = Endpoint("ingress-nginx-controller", "ingress-nginx",
+                              {"app.kubernetes.io/name": "ingress-nginx", "app.kubernetes.io/component": "controller"})
+
+
+def outside(ip):
+    return Endpoint(ip, None, ip=ip)
+
+
+def network_policies():
+    """The deploy's NetworkPolicies (in the kustomization's namespace) and the guide's."""
+    namespace = kustomization()["namespace"]
+    deployed = [{**copy.deepcopy(p), "metadata": {**p["metadata"], "namespace": namespace}}
+                for p in of_kind("NetworkPolicy")]
+    return deployed + [d for d in guide_heredoc() if d["kind"] == "NetworkPolicy"]
+
+
+def portal_pods():
+    """Workload name -> its pods as an Endpoint."""
+    namespace = kustomization()["namespace"]
+    return {w["metadata"]["name"]: Endpoint(
+        w["metadata"]["name"], namespace, w["spec"]["template"]["metadata"]["labels"],
+        {p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
+         for c in pod_spec(w)["containers"] for p in c.get("ports", [])}) for w in workloads()}
+
+
+def job_pods(namespace):
+    """The launcher and the two workers of a 2-GPU MPIJob the portal builds for `namespace`, with
+    the labels mpi-operator v0.8.2 adds to the templates' (defaultLabels, newWorker)."""
+    spec = JobSpec(job_id=7, gpus=2, python="python", script_name="train.py", script_content="pass\n",
+                   script_path=None, container_image="registry.example/horovod:0.28.1", installation="i1")
+    job, _ = mpijob.build(spec, mpijob.ClusterSpec(namespace=namespace, gpus_per_node=1))
+    name, replicas = job["metadata"]["name"], job["spec"]["mpiReplicaSpecs"]
+    operator, job_name, role, index = OPERATOR_LABELS
+
+    def pod(kind, number=None):
+        labels = {**replicas[kind]["template"]["metadata"]["labels"], operator: "mpi-operator",
+                  job_name: name, role: kind.lower()}
+        if number is not None:
+            labels[index] = str(number)
+        return Endpoint(f"{name}-{kind.lower()}" + ("" if number is None else f"-{number}"), namespace, labels)
+
+    workers = [pod("Worker", n) for n in range(replicas["Worker"]["replicas"])]
+    assert len(workers) == 2
+    return [pod("Launcher"), *workers]
+
+
+def selector_matches(selector, labels):
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        matched = {"In": key in labels and labels.get(key) in values,
+                   "NotIn": labels.get(key) not in values or key not in labels,
+                   "Exists": key in labels, "DoesNotExist": key not in labels}[operator]
+        if not matched:
+            return False
+    return True
+
+
+def peer_matches(peer, policy_namespace, endpoint, ipblock_reaches_pods):
+    if "ipBlock" in peer:
+        if endpoint.namespace is not None:
+            return ipblock_reaches_pods
+        address = ipaddress.ip_address(endpoint.ip)
+        return (address in ipaddress.ip_network(peer["ipBlock"]["cidr"])
+                and not any(address in ipaddress.ip_network(e) for e in peer["ipBlock"].get("except", [])))
+    if endpoint.namespace is None:
+        return False
+    if "namespaceSelector" in peer:
+        in_namespace = selector_matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": endpoint.namespace})
+    else:
+        in_namespace = endpoint.namespace == policy_namespace
+    return in_namespace and selector_matches(peer.get("podSelector") or {}, endpoint.labels)
+
+
+def port_matches(ports, destination, port, protocol):
+    """Whether a rule's ports admit `port`; a named port is the destination pod's."""
+    if not ports:
+        return True
+    for entry in ports:
+        wanted = entry.get("port")
+        if entry.get("protocol", "TCP") != protocol:
+            continue
+        if wanted is None:
+            return True
+        if isinstance(wanted, str):
+            if destination.ports.get(wanted) == (port, protocol):
+                return True
+        elif wanted <= port <= entry.get("endPort", wanted):
+            return True
+    return False
+
+
+def policy_types(spec):
+    return spec.get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in spec else [])]
+
+
+def admits(direction, pod, peer, destination, port, protocol, policies, ipblock_reaches_pods):
+    """Whether the policies that select `pod` for `direction` let this connection through: none
+    selects it, or a rule of one admits both the peer and the port."""
+    rules, peers = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [p for p in policies if p["metadata"]["namespace"] == pod.namespace
+                 and direction in policy_types(p["spec"]) and selector_matches(p["spec"]["podSelector"], pod.labels)]
+    if pod.namespace is None or not selecting:
+        return True
+    for policy in selecting:
+        namespace = policy["metadata"]["namespace"]
+        for rule in policy["spec"].get(rules) or []:
+            peer_admitted = not rule.get(peers) or any(
+                peer_matches(each, namespace, peer, ipblock_reaches_pods) for each in rule[peers])
+            if peer_admitted and port_matches(rule.get("ports"), destination, port, protocol):
+                return True
+    return False
+
+
+def connects(source, destination, port, protocol="TCP", *, ipblock_reaches_pods, policies=None):
+    """Whether `source` may open a connection to `port` (a number, or a named port of
+    `destination`): egress from the source's policies, ingress to the destination's."""
+    policies = network_policies() if policies is None else policies
+    if isinstance(port, str):
+        port, protocol = destination.ports[port]
+    return all(admits(direction, pod, peer, destination, port, protocol, policies, ipblock_reaches_pods)
+               for direction, pod, peer in (("Egress", source, destination), ("Ingress", destination, source)))
+
+
+@IPBLOCK_READINGS
+@JOB_NAMESPACES
+def test_job_pods_reach_no_pod_of_the_portal_on_any_port(namespace, ipblock_reaches_pods):
+    portal = portal_pods()
+    assert {"ringmaster-web", "ringmaster-worker", "ringmaster-beat", "postgres", "redis"} <= set(portal)
+    for job_pod in job_pods(namespace):
+        for pod in portal.values():
+            for port in [*pod.ports, SSH_PORT, 80, 443, 5432, 6379, 8000, CALLBACK_PORT]:
+                assert not connects(job_pod, pod, port, ipblock_reaches_pods=ipblock_reaches_pods), \
+                    f"{job_pod.name} in {namespace} reaches {pod.name} on {port}"
+
+
+@IPBLOCK_READINGS
+def test_the_portal_reaches_its_database_and_redis_and_users_its_web_server(ipblock_reaches_pods):
+    portal = portal_pods()
+    for client in ("ringmaster-web", "ringmaster-worker", "ringmaster-beat"):
+        for server, port in (("postgres", "postgres"), ("redis", "redis")):
+            assert connects(portal[client], portal[server], port, ipblock_reaches_pods=ipblock_reaches_pods), \
+                f"{client} cannot reach {server}"
+    assert connects(INGRESS_CONTROLLER, portal["ringmaster-web"], "http", ipblock_reaches_pods=ipblock_reaches_pods)
+    assert not connects(INGRESS_CONTROLLER, portal["postgres"], "postgres", ipblock_reaches_pods=ipblock_reaches_pods)
+
+
+@IPBLOCK_READINGS
+@JOB_NAMESPACES
+def test_a_jobs_launcher_and_workers_reach_each_other_and_the_clusters_dns(namespace, ipblock_reaches_pods):
+    reading = {"ipblock_reaches_pods": ipblock_reaches_pods}
+    launcher, *workers = job_pods(namespace)
+    for worker in workers:
+        assert connects(launcher, worker, SSH_PORT, **reading), "mpirun cannot log in to a worker's sshd"
+        assert connects(worker, launcher, CALLBACK_PORT, **reading), "a worker cannot call the launcher back"
+    assert connects(workers[0], workers[1], CALLBACK_PORT, **reading)
+    assert connects(workers[1], workers[0], CALLBACK_PORT, **reading)
+    for pod in (launcher, *workers):
+        assert connects(pod, CLUSTER_DNS, "dns", **reading) and connects(pod, CLUSTER_DNS, "dns-tcp", **reading)
+    for stranger in (INGRESS_CONTROLLER, portal_pods()["ringmaster-worker"]):
+        assert not connects(stranger, workers[0], SSH_PORT, **reading), f"{stranger.name} reaches a worker's sshd"
+
+
+@IPBLOCK_READINGS
+@JOB_NAMESPACES
+def test_job_pods_reach_the_outside_but_not_the_instance_metadata_service(namespace, ipblock_reaches_pods):
+    reading = {"ipblock_reaches_pods": ipblock_reaches_pods}
+    for pod in job_pods(namespace):
+        assert connects(pod, outside("203.0.113.7"), 443, **reading)
+        assert connects(pod, outside("2001:db8::7"), 443, **reading)
+        assert not connects(pod, outside("169.254.169.254"), 80, **reading)
+        assert not connects(pod, outside("fd00:ec2::254"), 80, **reading)
+
+
+def test_the_policy_check_notices_a_missing_or_widened_policy():
+    """The checks above are real: without the policies a job pod reaches the database, and so it
+    does if the database's policy admits every pod of the namespace."""
+    launcher = job_pods("ringmaster")[0]
+    postgres = portal_pods()["postgres"]
+    assert not connects(launcher, postgres, "postgres", ipblock_reaches_pods=True)
+    assert connects(launcher, postgres, "postgres", ipblock_reaches_pods=True, policies=[])
+    widened = network_policies()
+    for policy in widened:
+        if policy["metadata"]["name"] == "ringmaster-postgres":
+            policy["spec"]["ingress"][0]["from"].append({"podSelector": {}})
+    assert connects(launcher, postgres, "postgres", ipblock_reaches_pods=True, policies=widened)
+    no_dns = network_policies()
+    for policy in no_dns:
+        if policy["metadata"]["name"] == "ringmaster-jobs":
+            policy["spec"]["egress"] = [r for r in policy["spec"]["egress"] if "namespaceSelector" not in r["to"][0]]
+    assert not connects(launcher, CLUSTER_DNS, "dns", ipblock_reaches_pods=False, policies=no_dns)
+
+
+def test_the_guides_policy_for_a_namespace_of_its_own_is_the_deploys():
+    (guide,) = [d for d in guide_heredoc() if d["kind"] == "NetworkPolicy"]
+    assert guide["metadata"]["namespace"] == "team-x"
+    assert guide["spec"] == named("NetworkPolicy", guide["metadata"]["name"])["spec"]
+
+
 # --- Dockerfiles (light) ---------------------------------------------------------------------
 
 def test_portal_dockerfile():
@@ -573,8 +931,7 @@ def test_guide_installs_mpi_operator_v082_and_its_role_example_matches():
     guide = (DEPLOY / "KUBERNETES.md").read_text()
     assert ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
             "v0.8.2/deploy/v2beta1/mpi-operator.yaml") in guide
-    heredoc = re.search(r"kubectl apply -f - <<EOF\n(.*?)\nEOF\n", guide, re.S).group(1).replace("$NS", "team-x")
-    docs = [d for d in yaml.safe_load_all(heredoc) if d]
+    docs = guide_heredoc()
     role = next(d for d in docs if d["kind"] == "Role")
     binding = next(d for d in docs if d["kind"] == "RoleBinding")
     (real_binding,) = of_kind("RoleBinding")
