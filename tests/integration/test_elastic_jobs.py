@@ -154,8 +154,8 @@ def test_a_shrink_decided_while_the_worker_is_down_is_applied_when_it_comes_back
 
 @pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
 def test_on_instances_a_job_grows_onto_a_second_host_and_survives_losing_it(http, sshds, celery_worker):  # noqa: F811
-    add_instance(sshds, "gpu-a", "127.0.0.2", 2, check=True)
-    add_instance(sshds, "gpu-b", "127.0.0.3", 2, check=True)
+    add_instance(sshds, "gpu-a", "127.0.0.2", 2)
+    add_instance(sshds, "gpu-b", "127.0.0.3", 2)
     response = http.post(f"{http.base}/api/jobs/", json={
         "image": "horovod-cpu", "script": upload(http, ELASTIC, "elastic.py"), "gpus": 2, "max_gpus": 4,
         "backend": "instances"})
