@@ -12,3 +12,21 @@ def fernet_keys_are_set(app_configs, **kwargs):
         "encrypt the SSH keys and kubeconfigs it stores, the same for web, worker and beat.",
         hint='Make one with: python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"',
         id="ringmaster.E001")]
+
+
+@checks.register(checks.Tags.security)
+def job_network_is_known_and_safe(app_configs, **kwargs):
+    """RINGMASTER_JOB_NETWORK is one of runners.sandbox.NETWORKS; "host" is allowed, with a warning."""
+    from runners.sandbox import NETWORKS
+
+    network = settings.RINGMASTER_JOB_NETWORK
+    if network not in NETWORKS:
+        return [checks.Error(f"RINGMASTER_JOB_NETWORK is {network!r}: it must be one of {', '.join(NETWORKS)}.",
+                             id="ringmaster.E002")]
+    if network == "host":
+        return [checks.Warning(
+            "RINGMASTER_JOB_NETWORK=host: jobs on this machine share its network, and reach the portal's "
+            "database, Redis, broker and web server there.",
+            hint="Use outbound (the default) or none, unless every user of this portal is trusted.",
+            id="ringmaster.W001")]
+    return []

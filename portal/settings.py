@@ -227,6 +227,10 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 # Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error
 # at launch without it), "none" never (jobs can then read the portal's secrets).
 RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
+# The network of a sandboxed local job (runners.sandbox.NETWORKS): "none" (its own loopback only),
+# "outbound" (its own namespace with NAT to the outside through pasta; none of this machine's
+# addresses), "host" (the machine's network, the portal's services included: a warning).
+RINGMASTER_JOB_NETWORK = os.environ.get("RINGMASTER_JOB_NETWORK", "outbound")
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # Threads of a worker process's follow hub that run what followed jobs' news asks (storing lines,

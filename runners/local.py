@@ -22,6 +22,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
 from . import gpus, telemetry
-from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
+from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
 
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
@@ -45,7 +46,8 @@ IDLE_WAKE_SECONDS = 0.25
 # With a pidfd the end wakes the follower itself: its Waiting asks for no wake of the runner's
 # own (the follower still looks at its heartbeat's news every few seconds, jobs.domain.follow).
 QUIET_WAIT_SECONDS = 60.0
-WRAPPER = EXIT_CODE_WRAPPER
+# The parent of every job here, outside its sandbox (its network, its exit code).
+SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
 
 
 class LocalRunner(Runner):
@@ -124,9 +126,13 @@ class LocalRunner(Runner):
                 script.chmod(0o755)
                 self.resize(spec)
             with open(directory / "output.log", "ab") as output:
-                isolation = self.sandbox.argv(directory, keep=self._needs(spec)) if self.sandbox else []
+                supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(directory.resolve() / "exit_code")]
+                if self.sandbox:
+                    supervise += [*self.sandbox.supervise(), "--", *self.sandbox.argv(directory, keep=self._needs(spec))]
+                else:
+                    supervise.append("--")
                 process = subprocess.Popen(
-                    [*isolation, "/bin/sh", "-c", WRAPPER, "ringmaster-job", *self.command(spec)],
+                    [*supervise, *self.command(spec)],
                     cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )

@@ -7,7 +7,9 @@ hidden (the portal's data folder, every other job's folder, the login secrets na
 writes only its own folder and a private /tmp, has its own PID namespace and /proc (the portal's
 processes, and their environments, do not exist there), a minimal /dev plus the NVIDIA devices,
 and no capabilities (root in the sandbox cannot read what its owner bits do not allow, mount,
-or trace). It shares the network: a database that trusts every local connection is not hidden.
+or trace). Its network is the site's choice (RINGMASTER_JOB_NETWORK, NETWORKS): a namespace of
+its own with its loopback only, the same with a way out through pasta (runners.supervisor), or
+the machine's network, where a database that trusts every local connection is not hidden.
 """
 import glob
 import os
@@ -19,6 +21,16 @@ from pathlib import Path
 HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
 HIDDEN_IN_HOME = (".ssh", ".config", ".kube", ".pgpass", ".netrc", ".docker", ".aws", ".bash_history",
                   ".python_history", ".psql_history", ".rediscli_history")
+
+
+# What a job's network is. Every rank of a job shares the one namespace, so Gloo and
+# torch.distributed talk over its loopback.
+NETWORKS = {
+    "none": "a network namespace of its own: its loopback only",
+    "outbound": "a network namespace of its own, with outbound connections through pasta (NAT); "
+                "the machine's loopback and its addresses unreachable",
+    "host": "the machine's network: a job reaches every service of this machine, the portal's included",
+}
 
 
 class SandboxError(Exception):
@@ -33,6 +45,17 @@ class Sandbox:
     bwrap: str
     hide: tuple[str, ...]
     home: str = ""
+    network: str = "none"
+    pasta: str = ""               # runners.supervisor connects the namespace with it ("outbound")
+
+    def supervise(self):
+        """runners.supervisor's options for the network."""
+        if self.network != "outbound":
+            return []
+        if not self.pasta:
+            raise SandboxError("RINGMASTER_JOB_NETWORK=outbound, but pasta is not installed "
+                               "(apt-get install passt)")
+        return ["--outbound", self.pasta]
 
     def argv(self, job_dir, keep=()):
         """bwrap's options for a job in `job_dir`; `keep`: folders the job needs (its interpreter's
@@ -45,6 +68,8 @@ class Sandbox:
         argv = [self.bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--cap-drop", "ALL", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        if self.network != "host":
+            argv.append("--unshare-net")
         for device in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", device, device]
         hidden = ["/tmp"]
@@ -67,12 +92,13 @@ class Sandbox:
         return [*argv, "--bind", job_dir, job_dir, "--chdir", job_dir, "--"]
 
 
-def find(setting, hide, home):
+def find(setting, hide, home, network="none"):
     """The Sandbox for RINGMASTER_LOCAL_SANDBOX: "bwrap" (required), "auto" (bwrap where it is
-    installed), "none" (no sandbox: jobs can read the portal's secrets). None for no sandbox."""
+    installed), "none" (no sandbox: jobs can read the portal's secrets). None for no sandbox.
+    `network`: one of NETWORKS."""
     if setting == "none":
         return None
     path = shutil.which("bwrap")
     if path is None and setting != "bwrap":
         return None                     # "auto" without bwrap; a launch with "bwrap" says what is missing
-    return Sandbox(path or "", tuple(str(h) for h in hide), str(home or ""))
+    return Sandbox(path or "", tuple(str(h) for h in hide), str(home or ""), network, shutil.which("pasta") or "")

@@ -6,6 +6,7 @@ need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
 command -v bwrap >/dev/null || need+=(bubblewrap)        # the sandbox of jobs on this machine
+command -v pasta >/dev/null || need+=(passt)             # its way out (RINGMASTER_JOB_NETWORK=outbound)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -24,9 +24,10 @@ _cache, _cache_lock = {}, threading.Lock()
 
 
 def job_sandbox():
-    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data and jobs folders."""
+    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data and jobs
+    folders, on the network RINGMASTER_JOB_NETWORK says."""
     return sandbox.find(settings.RINGMASTER_LOCAL_SANDBOX, (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR),
-                        os.path.expanduser("~"))
+                        os.path.expanduser("~"), settings.RINGMASTER_JOB_NETWORK)
 
 
 class MachineGpus:

@@ -1,0 +1,150 @@
+"""The parent of a job on this machine: it starts the job's sandbox, gives the sandbox's network
+namespace its way out where the site allows one, and records the job's exit code where the job
+cannot write.
+
+Run by runners.local as `python -I supervisor.py --exit-code FILE [--outbound PASTA] -- ARGV`,
+outside the sandbox, with the job's environment (so that cancel finds it by the job's folder)
+and the job's output as stdout. It imports nothing but the standard library and never prints.
+
+- ARGV is bubblewrap's command line for the job (runners.sandbox). With --outbound, bubblewrap
+  is asked for the pid of the sandbox (--info-fd) and to hold the job (--block-fd) until the
+  namespace is connected: pasta (Debian's `passt`) attaches a tap device there and NATs its
+  traffic through this machine's sockets, with no port forwarded in either direction and the
+  gateway not mapped to this machine's loopback. Every address of this machine is then given a
+  `prohibit` route inside the namespace, so a job reaches none of its services by any of them
+  (the job has no capability to change the routes).
+- pasta outlives the namespace it serves: it is this process's child and ends with the job.
+- The exit code is written as `FILE.tmp`, then renamed to FILE.
+"""
+import argparse
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+SETUP_SECONDS = 10
+
+
+def machine_addresses():
+    """Every address of this machine's interfaces, less loopback (the namespace has its own)."""
+    found = set()
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    output = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] in ("inet", "inet6") and fields[1] in names:
+            address = ipaddress.ip_interface(fields[3]).ip
+            if not address.is_loopback:
+                found.add(address)
+    return sorted(found, key=lambda a: (a.version, a))
+
+
+def read_child_pid(fd):
+    """The pid of the sandbox's first process, from bubblewrap's --info-fd JSON."""
+    data = b""
+    with os.fdopen(fd, "rb") as info:
+        while True:
+            chunk = info.read1(4096)
+            if not chunk:
+                break
+            data += chunk
+            try:
+                return json.loads(data)["child-pid"]
+            except ValueError:
+                continue
+    raise RuntimeError("the sandbox ended before it started")
+
+
+def in_namespace(pid, argv, **kwargs):
+    return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", *argv], capture_output=True, text=True,
+                          **kwargs)
+
+
+def connect(pid, pasta):
+    """Attach pasta to the namespace of `pid`, wait for its interface to be configured, and
+    prohibit this machine's addresses there. Returns the pasta process."""
+    # pasta opens the namespace once it has given up its capabilities: it gets a descriptor of
+    # it, opened here.
+    namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        process = subprocess.Popen(
+            [pasta, "--foreground", "--quiet", "--config-net", "--runas", str(os.getuid()), "--no-map-gw",
+             "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--netns", f"/proc/self/fd/{namespace}"],
+            pass_fds=(namespace,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        os.close(namespace)
+    deadline = time.monotonic() + SETUP_SECONDS
+    while "default" not in in_namespace(pid, ["ip", "route", "show", "default"]).stdout:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("pasta could not connect the job's network namespace")
+        time.sleep(0.005)
+    batch = "".join(f"route add prohibit {address}{'/128' if address.version == 6 else '/32'}\n"
+                    for address in machine_addresses())
+    if batch:
+        done = in_namespace(pid, ["ip", "-force", "-batch", "-"], input=batch)
+        if done.returncode != 0:
+            process.kill()
+            raise RuntimeError(f"could not keep the job away from this machine's addresses: {done.stderr.strip()}")
+    return process
+
+
+def run(argv, pasta=None):
+    """Run bubblewrap's `argv`; with `pasta`, connected to the outside first. Its exit code."""
+    if pasta is None:
+        return subprocess.run(argv).returncode
+    info_read, info_write = os.pipe()
+    block_read, block_write = os.pipe()
+    separator = argv.index("--")
+    argv = [*argv[:separator], "--info-fd", str(info_write), "--block-fd", str(block_read), *argv[separator:]]
+    job = subprocess.Popen(argv, pass_fds=(info_write, block_read))
+    os.close(info_write)
+    os.close(block_read)
+    network = None
+    try:
+        network = connect(read_child_pid(info_read), pasta)
+        os.write(block_write, b"1")
+    except Exception as exc:                       # the job never starts: say why in its output
+        print(f"ringmaster: the job's network could not be set up: {exc}", file=sys.stderr, flush=True)
+        job.kill()
+    finally:
+        os.close(block_write)
+    try:
+        return job.wait()
+    finally:
+        if network is not None:
+            network.terminate()
+            try:
+                network.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                network.kill()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--exit-code", required=True)
+    parser.add_argument("--outbound", metavar="PASTA")
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    options = parser.parse_args()
+    argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
+    # A cancel sends SIGTERM to every process of the job, this one included: it outlives the
+    # sandbox, to end pasta and record the exit code. (A handler, not SIG_IGN, which the sandbox
+    # would inherit.)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    code = run(argv, options.outbound)
+    code = code if code >= 0 else 128 - code
+    with open(options.exit_code + ".tmp", "w") as out:
+        out.write(f"{code}\n")
+    os.rename(options.exit_code + ".tmp", options.exit_code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

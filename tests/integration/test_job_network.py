@@ -1,0 +1,163 @@
+"""A job's network on this machine (RINGMASTER_JOB_NETWORK), with the real bubblewrap, pasta,
+horovodrun and Horovod: under "none" and "outbound" a 2-rank job all-reduces over a namespace of
+its own and reaches none of this machine's services (PostgreSQL, Redis, the broker, a web port)
+on loopback or on any address of the machine; under "outbound" it reaches a server that stands in
+for the internet (in a network namespace of its own, behind a veth pair), and under "none" not.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runners.base import JobSpec
+from runners.local import LocalRunner
+from runners.sandbox import find
+from tests.conftest import run_to_end
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("bwrap") or not shutil.which("pasta"),
+                       reason="needs root, bubblewrap and pasta (apt-get install bubblewrap passt)"),
+]
+
+PROBE = """
+import json, socket, sys
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), name="sum", op=hvd.Sum).item()
+reached, outside = [], None
+if hvd.rank() == 0:
+    for host, port in json.loads(sys.argv[1]):
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+            reached.append([host, port])
+        except OSError:
+            pass
+    try:
+        with socket.create_connection(tuple(json.loads(sys.argv[2])), timeout=5) as connection:
+            outside = connection.recv(64).decode()
+    except OSError as exc:
+        outside = type(exc).__name__
+print("NET " + json.dumps({"rank": hvd.rank(), "sum": total, "reached": reached, "outside": outside}), flush=True)
+"""
+
+
+def run(*argv):
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def internet():
+    """A TCP server in a network namespace of its own, reached from this machine through a veth
+    pair on a /30 of 10.251.0.0/16 picked by this process's pid: (its address, its port). It
+    answers every connection with "hello from outside"."""
+    pid = os.getpid()
+    name, here, there = f"rm-inet-{pid}", f"rmi{pid}a", f"rmi{pid}b"
+    prefix = f"10.251.{(pid >> 6) & 255}"
+    base = (pid & 63) * 4
+    near, far = f"{prefix}.{base + 1}", f"{prefix}.{base + 2}"
+    run("ip", "netns", "add", name)
+    server = None
+    try:
+        run("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+        run("ip", "link", "set", there, "netns", name)
+        run("ip", "addr", "add", f"{near}/30", "dev", here)
+        run("ip", "link", "set", here, "up")
+        run("ip", "netns", "exec", name, "ip", "addr", "add", f"{far}/30", "dev", there)
+        run("ip", "netns", "exec", name, "ip", "link", "set", there, "up")
+        run("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
+        serve = ("import socket\ns = socket.create_server(('0.0.0.0', 8080))\nprint('up', flush=True)\n"
+                 "while True:\n    c, _ = s.accept()\n    c.sendall(b'hello from outside')\n    c.close()\n")
+        server = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", serve],
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "up"
+        yield far, 8080
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def portal_services():
+    """(address, port) of every service of this machine a job must not reach, wherever this
+    machine reaches it: PostgreSQL, Redis, RabbitMQ where it runs, and a web port opened here on
+    every address, each on loopback and on every address of the machine."""
+    web = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    stop = threading.Event()
+
+    def accept():
+        web.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                web.accept()[0].close()
+            except OSError:
+                pass
+    threading.Thread(target=accept, daemon=True).start()
+    listening = {connection.laddr.port for connection in psutil.net_connections("tcp")
+                 if connection.status == psutil.CONN_LISTEN}
+    ports = [port for port in (5432, 6379, 5672) if port in listening] + [web.getsockname()[1]]
+    addresses = ["127.0.0.1", "::1"] + [
+        address.address for addresses in psutil.net_if_addrs().values() for address in addresses
+        if address.family in (socket.AF_INET, socket.AF_INET6) and "%" not in address.address
+        and address.address not in ("127.0.0.1", "::1")]
+    yield [[address, port] for address in addresses for port in ports if reachable((address, port))]
+    stop.set()
+    web.close()
+
+
+def reachable(target):
+    try:
+        socket.create_connection(target, timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def run_probe(tmp_path, network, targets, outside):
+    sandbox = find("bwrap", (str(tmp_path / "data"),), str(Path.home()), network)
+    spec = JobSpec(job_id=4300, gpus=2, python=sys.executable, script_name="probe.py", script_content=PROBE,
+                   script_path=None, args=(json.dumps(targets), json.dumps(outside)))
+    lines, exited = run_to_end(LocalRunner(tmp_path / "jobs", sandbox=sandbox), spec)
+    assert exited.code == 0, [line.text for line in lines][-20:]
+    return {seen["rank"]: seen for seen in (json.loads(line.text[4:]) for line in lines if line.text.startswith("NET "))}
+
+
+@pytest.mark.parametrize("network, reaches_outside", [("none", False), ("outbound", True)])
+def test_a_job_all_reduces_reaches_no_service_of_the_machine_and_the_outside_only_if_allowed(
+        tmp_path, internet, portal_services, network, reaches_outside):
+    # The services are there (the web port on every address), and the outside is reached from
+    # this machine.
+    assert {port for _, port in portal_services} >= {5432, 6379}
+    assert len(portal_services) >= len(psutil.net_if_addrs()) + 3
+    with socket.create_connection(internet, timeout=3) as connection:
+        assert connection.recv(64) == b"hello from outside"
+
+    seen = run_probe(tmp_path, network, portal_services, internet)
+
+    assert sorted(seen) == [0, 1] and {ranks["sum"] for ranks in seen.values()} == {3.0}
+    assert seen[0]["reached"] == []
+    assert (seen[0]["outside"] == "hello from outside") is reaches_outside, seen[0]["outside"]
+
+
+@pytest.mark.parametrize("network, says", [
+    ("host", "(ringmaster.W001) RINGMASTER_JOB_NETWORK=host: jobs on this machine share its network"),
+    ("internet", "(ringmaster.E002) RINGMASTER_JOB_NETWORK is 'internet': it must be one of none, outbound, host."),
+])
+def test_manage_py_check_warns_of_the_host_network_and_refuses_an_unknown_one(tmp_path, network, says):
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(RINGMASTER_JOB_NETWORK=network, RINGMASTER_DATA_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert says in result.stderr, result.stderr
