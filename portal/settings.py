@@ -178,7 +178,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["jobs.web.parsers.JSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "jobs.web.params.Pagination",   # a bad ?limit= or ?offset= is a 400
     "PAGE_SIZE": 50,
 }
 SPECTACULAR_SETTINGS = {

@@ -16,3 +16,4 @@ urlpatterns = [
 
 handler404 = "jobs.web.errors.not_found"
 handler400 = "jobs.web.errors.bad_request"
+handler500 = "jobs.web.errors.server_error"

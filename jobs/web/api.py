@@ -2,7 +2,6 @@
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,9 +20,17 @@ from jobs.web.serializers import (
 
 MAX_LOG_LIMIT = 10000
 MAX_CONTEXT = 20          # lines around a search hit
+LOG_LIMITS = (1, MAX_LOG_LIMIT)
+CONTEXTS = (0, MAX_CONTEXT)
 MAX_CONTEXT_HITS = 200    # hits in one page with context: each may cost two small queries
 # Every endpoint: no credentials (401), or credentials that do not work (403).
 REFUSED = {401: DetailSerializer, 403: DetailSerializer}
+
+
+def integer_schema(bounds=params_.BIGINT):
+    """An integer query parameter's schema: 64 bits, within the bounds its view reads it in."""
+    low, high = bounds
+    return {"type": "integer", "format": "int64", "minimum": low, "maximum": high}
 
 
 def form_errors(form):
@@ -63,9 +70,12 @@ class JobList(APIView):
     parser_classes = [JSONParser, FormParser, MultiPartParser]
 
     @extend_schema(operation_id="jobs_list", responses={200: JobPageSerializer, 400: ErrorsSerializer, **REFUSED},
-                   parameters=[OpenApiParameter("state", str, description="Only jobs in this state."),
-                               OpenApiParameter("limit", int, description="At most this many jobs."),
-                               OpenApiParameter("offset", int, description="Skip this many first.")])
+                   parameters=[OpenApiParameter("state", {"type": "string", "enum": State.values},
+                                                description="Only jobs in this state (any case)."),
+                               OpenApiParameter("limit", integer_schema(params_.Pagination.limit_bounds),
+                                                description="At most this many jobs."),
+                               OpenApiParameter("offset", integer_schema(params_.Pagination.offset_bounds),
+                                                description="Skip this many first.")])
     def get(self, request):
         jobs = scheduler.with_queue_position(visible_jobs(request.user))
         state = request.query_params.get("state", "").upper()
@@ -76,7 +86,7 @@ class JobList(APIView):
             jobs = jobs.filter(state=state)
         if request.query_params.get("mine") and request.user.is_staff:
             jobs = jobs.filter(owner=request.user)
-        paginator = LimitOffsetPagination()
+        paginator = params_.Pagination()
         page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
 
@@ -112,18 +122,22 @@ class JobCancel(APIView):
 
 class JobLogs(APIView):
     @extend_schema(parameters=[
-        OpenApiParameter("since", int, description="Return lines with seq greater than this (default: from the start)."),
-        OpenApiParameter("before", int, description="Return the last `limit` lines with seq less than this "
-                                                    "(the tail of the log, or the page above a line)."),
+        OpenApiParameter("since", integer_schema(),
+                         description="Return lines with seq greater than this (default: from the start)."),
+        OpenApiParameter("before", integer_schema(),
+                         description="Return the last `limit` lines with seq less than this "
+                                     "(the tail of the log, or the page above a line)."),
         OpenApiParameter("rank", str, description='A rank number, or "launcher".'),
         OpenApiParameter("q", str, description="Only lines containing this text (case-insensitive)."),
-        OpenApiParameter("limit", int, description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT}); "
-                                                   f"with `context`, this many hits (max {MAX_CONTEXT_HITS})."),
+        OpenApiParameter("limit", integer_schema(LOG_LIMITS),
+                         description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT}); "
+                                     f"with `context`, this many hits (max {MAX_CONTEXT_HITS})."),
         OpenApiParameter("hide_metrics", bool, description="Leave out the `RINGMASTER_METRIC {...}` lines."),
-        OpenApiParameter("context", int, description=f"With `q`: also up to this many lines (max {MAX_CONTEXT}) "
-                                                     "before and after each hit, of the same rank filter, as "
-                                                     "grep -C; every line then carries `hit`. `next` and "
-                                                     "`prev` follow the hits."),
+        OpenApiParameter("context", integer_schema(CONTEXTS),
+                         description=f"With `q`: also up to this many lines (max {MAX_CONTEXT}) "
+                                     "before and after each hit, of the same rank filter, as "
+                                     "grep -C; every line then carries `hit`. `next` and "
+                                     "`prev` follow the hits."),
     ], responses={200: LogPageSerializer, 400: ErrorsSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         """`next` is the seq to pass as `since` for the following page; `prev` the one to pass
@@ -132,9 +146,9 @@ class JobLogs(APIView):
         params, errors = request.query_params, {}
         since = params_.integer(params, "since", errors, default=-1)
         before = params_.integer(params, "before", errors)
-        limit = params_.integer(params, "limit", errors, default=1000, bounds=(1, MAX_LOG_LIMIT))
+        limit = params_.integer(params, "limit", errors, default=1000, bounds=LOG_LIMITS)
         query = params_.text(params, "q", errors)
-        context = params_.integer(params, "context", errors, default=0, bounds=(0, MAX_CONTEXT))
+        context = params_.integer(params, "context", errors, default=0, bounds=CONTEXTS)
         hide_metrics = params_.boolean(params, "hide_metrics", errors)
         rank = logquery.ALL_RANKS
         try:

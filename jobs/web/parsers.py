@@ -2,15 +2,16 @@
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
-from jobs.web.params import sentence, text_problem
+from jobs.web.params import fits, range_problem, sentence, text_problem
 
 MAX_DEPTH = 32
 
 
 class JSONParser(parsers.JSONParser):
     """JSON nested past what the decoder can follow is a parse error; in an object, a field
-    whose text (keys or values, at any depth) holds a NUL byte or a lone surrogate, or that is
-    nested more than MAX_DEPTH deep, is refused naming the field."""
+    whose text (keys or values, at any depth) holds a NUL byte or a lone surrogate, that holds
+    an integer past 64 bits (jobs.web.params.BIGINT), or that is nested more than MAX_DEPTH
+    deep, is refused naming the field."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         try:
@@ -26,7 +27,7 @@ class JSONParser(parsers.JSONParser):
 
 
 def _problem(value):
-    """What is wrong with the text in `value` (walked without recursion), or None."""
+    """What is wrong with the text or integers in `value` (walked without recursion), or None."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -36,6 +37,8 @@ def _problem(value):
             problem = text_problem(item)
             if problem:
                 return sentence(problem)
+        elif isinstance(item, int) and not fits(item):
+            return range_problem()
         elif isinstance(item, dict):
             stack.extend((part, depth + 1) for pair in item.items() for part in pair)
         elif isinstance(item, list):
