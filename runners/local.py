@@ -35,6 +35,7 @@ from inotify_simple import flags as inotify_flags
 from . import gpus, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
+from .sandbox import job_uid
 
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
@@ -48,6 +49,8 @@ IDLE_WAKE_SECONDS = 0.25
 QUIET_WAIT_SECONDS = 60.0
 # The parent of every job here, outside its sandbox (its network, its exit code).
 SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
+# The folder, in the jobs folder, of what the portal keeps of each job (LocalRunner.control_dir).
+CONTROL = ".portal"
 
 
 class LocalRunner(Runner):
@@ -65,7 +68,19 @@ class LocalRunner(Runner):
         self.kill_grace = kill_grace
 
     def job_dir(self, spec):
+        """The job's own folder: its working directory and home, owned by its user."""
         return self.jobs_dir / spec.name
+
+    def control_dir(self, spec):
+        """What the portal keeps of a job and trusts (its output, launcher pid, exit code, launch
+        lock): outside the job's folder, in a folder only the portal's user may open, so the job
+        can neither write it nor point the portal at another file from it."""
+        return self.jobs_dir / CONTROL / spec.name
+
+    def runs_jobs_as_their_own_users(self):
+        """Whether each job runs as a uid of its own (runners.sandbox.job_uid): in the sandbox,
+        where the portal may switch users (root)."""
+        return self.sandbox is not None and os.geteuid() == 0
 
     def command(self, spec):
         """horovodrun's argv: one process per GPU slot on localhost."""
@@ -104,31 +119,42 @@ class LocalRunner(Runner):
         return tuple(dict.fromkeys([str(linked.parent.parent), str(real.parent.parent), str(JOB_PYTHON)]))
 
     @contextmanager
-    def _launch_lock(self, directory):
-        with open(directory / "launch.lock", "w") as handle:
+    def _launch_lock(self, control):
+        with open(control / "launch.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
+    def _prepare(self, spec, directory):
+        """The job's folder as it starts: made anew (what a launch cut short left there is not
+        trusted), with its script, the rank launcher's argv and, for an elastic job, the host
+        discovery."""
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(mode=0o700)
+        if spec.script_content is not None:
+            (directory / spec.script_name).write_text(spec.script_content)
+        name, content = spec.argv_file()
+        (directory / name).write_bytes(content)
+        if spec.elastic:
+            script = directory / DISCOVERY_SCRIPT
+            script.write_text(DISCOVERY_SCRIPT_TEXT)
+            script.chmod(0o755)
+            self.resize(spec)
+
     def launch(self, spec):
-        directory = self.job_dir(spec)
-        directory.mkdir(parents=True, exist_ok=True)
-        with self._launch_lock(directory):
-            pid_file = directory / "pid"
+        directory, control = self.job_dir(spec), self.control_dir(spec)
+        control.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        control.mkdir(mode=0o700, exist_ok=True)
+        with self._launch_lock(control):
+            pid_file = control / "pid"
             if pid_file.exists():
                 return Started(f"horovodrun already started (pid {pid_file.read_text().split()[0]})", True)
-            if spec.script_content is not None:
-                (directory / spec.script_name).write_text(spec.script_content)
-            name, content = spec.argv_file()
-            (directory / name).write_bytes(content)
-            if spec.elastic:
-                script = directory / DISCOVERY_SCRIPT
-                script.write_text(DISCOVERY_SCRIPT_TEXT)
-                script.chmod(0o755)
-                self.resize(spec)
-            with open(directory / "output.log", "ab") as output:
-                supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(directory.resolve() / "exit_code")]
+            self._prepare(spec, directory)
+            supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(control.resolve() / "exit_code")]
+            with self._user(directory) as uid, open(control / "output.log", "ab") as output:
                 if self.sandbox:
-                    supervise += [*self.sandbox.supervise(), "--", *self.sandbox.argv(directory, keep=self._needs(spec))]
+                    supervise += [*self.sandbox.supervise(), "--",
+                                  *self.sandbox.argv(directory, keep=self._needs(spec), uid=uid)]
                 else:
                     supervise.append("--")
                 process = subprocess.Popen(
@@ -137,13 +163,25 @@ class LocalRunner(Runner):
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
             created = psutil.Process(process.pid).create_time()
-            tmp = directory / "pid.tmp"
+            tmp = control / "pid.tmp"
             tmp.write_text(f"{process.pid} {created}\n")
             tmp.rename(pid_file)
             # Reap it when it ends, so no zombie lingers while this worker lives.
             threading.Thread(target=process.wait, daemon=True).start()
             elastic = f", elastic: {spec.min_gpus} to {spec.max_gpus}" if spec.elastic else ""
             return Started(f"horovodrun started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
+
+    @contextmanager
+    def _user(self, directory):
+        """The uid the job runs as (None: the portal's own), with the job's folder handed to it;
+        held until the job's first process is started (runners.sandbox.job_uid)."""
+        if not self.runs_jobs_as_their_own_users():
+            yield None
+            return
+        with job_uid(str(directory.resolve())) as uid:
+            for path in [directory, *directory.rglob("*")]:
+                os.lchown(path, uid, uid)
+            yield uid
 
     def resize(self, spec):
         directory = self.job_dir(spec)
@@ -158,7 +196,7 @@ class LocalRunner(Runner):
             return None
 
     def follow(self, spec, offset, cursor=None):
-        directory = self.job_dir(spec)
+        directory = self.control_dir(spec)
         log_path = directory / "output.log"
         while not log_path.exists():
             if not (directory / "pid").exists():
@@ -214,7 +252,7 @@ class LocalRunner(Runner):
                 pass
 
     def cancel(self, spec):
-        directory = self.job_dir(spec)
+        directory = self.control_dir(spec)
         try:
             pgid = int((directory / "pid").read_text().split()[0])
             os.killpg(pgid, signal.SIGTERM)
@@ -343,9 +381,17 @@ class LauncherWatch:
 
 
 def _replace(path, text):
-    """Write a file a running job reads whole, atomically (it sees the old text or the new)."""
+    """Write a file a running job reads whole, atomically (it sees the old text or the new), in
+    the job's folder, as the folder's owner has it: a new file (never one the job put there, nor
+    where a link of its points), given to the folder's owner, renamed over the old."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as out:
+        owner = os.stat(path.parent)
+        if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+            os.fchown(out.fileno(), owner.st_uid, owner.st_gid)
+        out.write(text)
     tmp.rename(path)
 
 

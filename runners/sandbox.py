@@ -11,9 +11,11 @@ or trace). Its network is the site's choice (RINGMASTER_JOB_NETWORK, NETWORKS): 
 its own with its loopback only, the same with a way out through pasta (runners.supervisor), or
 the machine's network, where a database that trusts every local connection is not hidden.
 """
+import fcntl
 import glob
 import os
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,22 +59,33 @@ class Sandbox:
                                "(apt-get install passt)")
         return ["--outbound", self.pasta]
 
-    def argv(self, job_dir, keep=()):
-        """bwrap's options for a job in `job_dir`; `keep`: folders the job needs (its interpreter's
-        installation, what it may import of Ringmaster) shown read-only even where they lie in a
-        hidden place (a checkout under /tmp)."""
+    def argv(self, job_dir, keep=(), uid=None):
+        """bwrap's options for a job in `job_dir`, up to and including the `--` before its command;
+        `keep`: folders the job needs (its interpreter's installation, what it may import of
+        Ringmaster) shown read-only even where they lie in a hidden place (a checkout under
+        /tmp). With `uid`, the job runs as that user and group, with no supplementary groups: the
+        sandbox keeps only the capability to switch to it, which setpriv gives up before the
+        job's first instruction (bwrap sets no_new_privs, so no setuid program gives it back),
+        and folders on the way to its own that this user could not pass (a checkout under
+        /root) are replaced by empty ones holding only what is shown again."""
         if not self.bwrap:
             raise SandboxError("RINGMASTER_LOCAL_SANDBOX=bwrap, but bwrap is not installed "
                                "(apt-get install bubblewrap)")
         job_dir = str(Path(job_dir).resolve())
+        caps = ["--cap-drop", "ALL"] + (["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if uid is not None else [])
         argv = [self.bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--cap-drop", "ALL", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+                *caps, "--perms", "01777", "--tmpfs", "/tmp", "--perms", "01777", "--tmpfs", "/dev/shm"]
         if self.network != "host":
             argv.append("--unshare-net")
         for device in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", device, device]
         hidden = ["/tmp"]
+        if uid is not None:
+            for folder in closed_on_the_way([job_dir, *keep]):
+                if not any(Path(folder).is_relative_to(h) for h in hidden):
+                    argv += ["--tmpfs", folder]
+                    hidden.append(folder)
         for folder in self.hide:
             if Path(folder).is_dir():
                 hidden.append(str(Path(folder).resolve()))
@@ -85,11 +98,82 @@ class Sandbox:
             else:
                 continue
             hidden.append(path)
-        for folder in keep:
-            # Never a folder that holds something hidden ("/" for a python in /bin): that would show it again.
-            if Path(folder).is_dir() and not any(Path(h).is_relative_to(folder) for h in hidden):
-                argv += ["--ro-bind", str(folder), str(folder)]
-        return [*argv, "--bind", job_dir, job_dir, "--chdir", job_dir, "--"]
+        shown = [str(folder) for folder in keep
+                 # Never a folder that holds something hidden ("/" for a python in /bin): that would show it again.
+                 if Path(folder).is_dir() and not any(Path(h).is_relative_to(folder) for h in hidden)]
+        if uid is not None:
+            # bwrap makes the folders on the way to what it shows again 0700: its user could not pass.
+            argv += [option for folder in passable_on_the_way([*shown, job_dir], hidden)
+                     for option in ("--perms", "0755", "--dir", folder)]
+        for folder in shown:
+            argv += ["--ro-bind", folder, folder]
+        argv += ["--bind", job_dir, job_dir]
+        if uid is None:
+            return [*argv, "--chdir", job_dir, "--"]
+        # Into its folder only as its user: the sandbox's root has no right to open it.
+        return [*argv, "--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                "--", "env", f"--chdir={job_dir}", "--"]
+
+
+def passable_on_the_way(folders, hidden):
+    """The folders between each hidden (emptied) folder and the folders of `folders` inside it,
+    top down."""
+    between = []
+    for folder in folders:
+        for above in reversed(Path(folder).parents):
+            if any(above != Path(h) and above.is_relative_to(h) for h in hidden) and str(above) not in between:
+                between.append(str(above))
+    return between
+
+
+def closed_on_the_way(folders):
+    """The folders above `folders` (not "/") that other users cannot pass through (no o+x)."""
+    closed = []
+    for folder in folders:
+        for above in reversed(Path(folder).resolve().parents[:-1]):
+            try:
+                if not os.stat(above).st_mode & 0o001 and str(above) not in closed:
+                    closed.append(str(above))
+            except OSError:
+                pass
+    return closed
+
+
+# Job users: a uid of their own for every running job on this machine, from a range no
+# distribution hands out (useradd stops at 60000, systemd's dynamic users at 65519; container
+# runtimes map 65536 and up per container, below 2^30).
+UID_BASE, UID_SPAN = 1 << 30, 1 << 24
+
+
+def job_uid(marker, lock_dir="/run/lock"):
+    """A uid for the job whose folder is `marker`, that no process on the machine runs as:
+    derived from the folder (unique per installation and job), the next free one where taken.
+    A context manager that holds a machine-wide lock while the caller starts the job's first
+    process, so that portals on one machine pick uids one at a time."""
+    return _UidClaim(marker, lock_dir if os.path.isdir(lock_dir) else "/tmp")
+
+
+class _UidClaim:
+    def __init__(self, marker, lock_dir):
+        self.marker, self.path = marker, os.path.join(lock_dir, "ringmaster-job-uids.lock")
+
+    def __enter__(self):
+        self.handle = open(self.path, "a")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        taken = set()
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    taken.add(entry.stat().st_uid)
+                except OSError:
+                    pass
+        offset = zlib.crc32(self.marker.encode()) % UID_SPAN
+        while UID_BASE + offset in taken:
+            offset = (offset + 1) % UID_SPAN
+        return UID_BASE + offset
+
+    def __exit__(self, *exc):
+        self.handle.close()
 
 
 def find(setting, hide, home, network="none"):

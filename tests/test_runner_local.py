@@ -54,7 +54,7 @@ def test_follow_resumes_from_an_offset_without_repeating(tmp_path):
                    script_content="for i in range(50): print(i)\n", script_path=None)
     runner = LocalRunner(tmp_path)
     lines, _ = run_to_end(runner, spec)
-    whole = (runner.job_dir(spec) / "output.log").read_bytes()
+    whole = (runner.control_dir(spec) / "output.log").read_bytes()
     cut = whole.index(b"[0]<stdout>:25\n")
     resumed = b"".join(e.data for e in waited(runner.follow(spec, cut)) if isinstance(e, Output))
     assert whole[:cut] + resumed == whole
@@ -69,7 +69,7 @@ def test_cancel_stops_only_its_own_portals_job_of_that_number(tmp_path):
         for runner in (mine, theirs):
             runner.launch(spec)
         for runner in (mine, theirs):                       # both jobs' ranks are up
-            wait_for(lambda r=runner: (r.job_dir(spec) / "output.log").read_bytes().count(b"up") == 2,
+            wait_for(lambda r=runner: (r.control_dir(spec) / "output.log").read_bytes().count(b"up") == 2,
                      timeout=120, message="both ranks to start")
         mine.cancel(spec)
         assert mine._processes(spec) == []
@@ -139,7 +139,7 @@ def test_a_launcher_killed_without_an_exit_code_wakes_its_quiet_follower_at_once
                 break
         waiting = next(events)
         assert isinstance(waiting, Waiting) and waiting.seconds >= 30, waiting
-        os.kill(int((runner.job_dir(spec) / "pid").read_text().split()[0]), signal.SIGKILL)
+        os.kill(int((runner.control_dir(spec) / "pid").read_text().split()[0]), signal.SIGKILL)
         killed = time.monotonic()
         wait_out(waiting)
         assert time.monotonic() - killed < 1.0, "the launcher's end did not wake the follow"

@@ -1,17 +1,23 @@
 """A job on the portal's own machine can read nothing of the portal: it runs in a bubblewrap
-sandbox (runners.sandbox) through the real worker, and a script that looks for the portal's
-secrets the way an attacker would (every process's environment in /proc, the data folder, the
-secret key and database files, other jobs' folders, /etc/shadow) finds none of them.
+sandbox (runners.sandbox) through the real worker, as a user of its own, and a script that looks
+for the portal's secrets the way an attacker would (every process's environment in /proc, the
+data folder, the secret key and database files, other jobs' folders, /etc/shadow, the machine's
+SSH host keys) finds none of them.
 """
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from jobs.models import LogLine, State
-from tests.conftest import job_name
+from runners.base import Exited, JobSpec, waited
+from runners.local import LocalRunner
+from runners.sandbox import find
+from tests.conftest import job_name, run_to_end, wait_for
 from tests.integration.test_instances import add_instance, sshds  # noqa: F401 (the sshd fixture)
 from tests.integration.test_job_lifecycle import upload, wait_state
 
@@ -43,13 +49,22 @@ for path in sys.argv[1:]:
 # What the job may see: its own folder, the machine's system files, a /tmp of its own.
 own = sorted(os.listdir("."))
 open("/tmp/scratch", "w").write("mine")
-print("LOOKED " + json.dumps({"found": found, "environs": len(read), "own": own,
+print("LOOKED " + json.dumps({"found": found, "environs": len(read), "own": own, "uid": os.getuid(),
+                              "own_mode": oct(os.stat(".").st_mode & 0o777), "own_uid": os.stat(".").st_uid,
                               "passwd": os.path.exists("/etc/passwd"), "pids": len(glob.glob("/proc/[0-9]*"))}),
       flush=True)
 """
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")
+def host_keys():
+    """The machine's SSH host keys (root's, mode 0600): a job runs in the machine's own /etc."""
+    keys = [str(path) for path in Path("/etc/ssh").glob("ssh_host_*_key")]
+    assert keys, "openssh-server makes host keys (tests/services.sh installs it)"
+    return keys
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                    reason="needs bubblewrap (apt-get install bubblewrap), and root to run jobs as their own users")
 def test_a_local_job_finds_none_of_the_portals_secrets(http, service_env, tmp_path):
     data_dir = Path(service_env["RINGMASTER_DATA_DIR"])
     canaries = {name: data_dir / name for name in ("secret_key", "ringmaster.sqlite3", "fernet_keys")}
@@ -61,7 +76,7 @@ def test_a_local_job_finds_none_of_the_portals_secrets(http, service_env, tmp_pa
     (other_job / "train.py").write_text("CANARY another user's script\n")
     targets = [*map(str, canaries.values()), str(data_dir), str(other_job), str(other_job / "train.py"),
                str(settings.RINGMASTER_JOBS_DIR), "/etc/shadow", "/etc/gshadow",
-               str(Path.home() / ".ssh"), str(Path.home() / ".config")]
+               str(Path.home() / ".ssh"), str(Path.home() / ".config"), *host_keys()]
 
     Path("/tmp/scratch").unlink(missing_ok=True)                            # what the job writes to its /tmp
     response = http.post(f"{http.base}/api/jobs/", json={
@@ -82,6 +97,9 @@ def test_a_local_job_finds_none_of_the_portals_secrets(http, service_env, tmp_pa
         # folder and the machine's system files.
         assert seen["environs"] >= 2 and seen["pids"] < 20
         assert "look.py" in seen["own"] and seen["passwd"] is True
+        # As a user of its own, not root, that owns its folder, which nobody else may open.
+        assert seen["uid"] != 0 and seen["own_uid"] == seen["uid"] and seen["own_mode"] == "0o700"
+    assert looked[0]["uid"] == looked[1]["uid"]                           # ranks of one job: one user
     assert not Path("/tmp/scratch").exists()                                # its /tmp was its own
     shutil.rmtree(other_job)
 
@@ -117,3 +135,44 @@ def test_a_job_on_an_instance_gets_none_of_the_portals_secrets(http, sshds, sett
     left = [json.loads(text.split("LEFT ", 1)[1]) for text in lines if "LEFT " in text]
     assert len(left) == 2 and all(seen["found"] == [] for seen in left), left
     assert "left.py" in left[0]["files"]
+
+
+WRITES = """
+import os, time
+open("results.txt", "w").write("first user's results")
+print("WROTE", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+"""
+READS = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        print("READ", open(path).read(), flush=True)
+    except OSError as exc:
+        print("REFUSED", type(exc).__name__, flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                    reason="needs bubblewrap (apt-get install bubblewrap), and root to run jobs as their own users")
+def test_a_job_cannot_read_what_another_running_job_wrote_in_its_folder(tmp_path):
+    """Two jobs of the local runner side by side: the second looks for the first one's file by
+    its path, directly and through /proc (the first job's processes, its working directory)."""
+    runner = LocalRunner(tmp_path / "jobs", sandbox=find("bwrap", (str(tmp_path / "jobs"),), str(Path.home())))
+    first = JobSpec(job_id=1, gpus=1, python=sys.executable, script_name="w.py", script_content=WRITES, script_path=None)
+    runner.launch(first)
+    written = runner.job_dir(first) / "results.txt"
+    try:
+        wait_for(written.exists, timeout=60, message="the first job to write its file")
+        owner = os.stat(runner.job_dir(first))
+        second = JobSpec(job_id=2, gpus=1, python=sys.executable, script_name="r.py", script_content=READS,
+                         script_path=None, args=(str(written), "/proc/1/cwd/results.txt"))
+        lines, exited = run_to_end(runner, second)
+        assert exited.code == 0
+        said = [line.text for line in lines]
+        assert len(said) == 2 and all(text.startswith("REFUSED ") for text in said), said
+        assert os.stat(runner.job_dir(second)).st_uid not in (0, owner.st_uid)
+    finally:
+        (runner.job_dir(first) / "go").touch()
+    assert [e.code for e in waited(runner.follow(first, 0)) if isinstance(e, Exited)] == [0]
