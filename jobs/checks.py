@@ -1,4 +1,6 @@
 """System checks: what a deployment must set before it starts (manage.py migrate, check, runserver)."""
+import os
+
 from django.conf import settings
 from django.core import checks
 
@@ -23,6 +25,10 @@ def job_network_is_known_and_safe(app_configs, **kwargs):
     if network not in NETWORKS:
         return [checks.Error(f"RINGMASTER_JOB_NETWORK is {network!r}: it must be one of {', '.join(NETWORKS)}.",
                              id="ringmaster.E002")]
+    if network == "outbound" and os.geteuid() != 0:
+        return [checks.Error("RINGMASTER_JOB_NETWORK=outbound needs a portal that runs as root: its jobs would not start.",
+                             hint="Set RINGMASTER_JOB_NETWORK=none (no network), or run the worker as root.",
+                             id="ringmaster.E003")]
     if network == "host":
         return [checks.Warning(
             "RINGMASTER_JOB_NETWORK=host: jobs on this machine share its network, and reach the portal's "

@@ -229,8 +229,9 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 # The network of a sandboxed local job (runners.sandbox.NETWORKS): "none" (its own loopback only),
 # "outbound" (its own namespace with NAT to the outside through pasta; none of this machine's
-# addresses), "host" (the machine's network, the portal's services included: a warning).
-RINGMASTER_JOB_NETWORK = os.environ.get("RINGMASTER_JOB_NETWORK", "outbound")
+# addresses; the default where the portal runs as root, which it needs), "host" (the machine's
+# network, the portal's services included: a warning).
+RINGMASTER_JOB_NETWORK = os.environ.get("RINGMASTER_JOB_NETWORK", "outbound" if os.geteuid() == 0 else "none")
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # Threads of a worker process's follow hub that run what followed jobs' news asks (storing lines,

@@ -54,6 +54,9 @@ class Sandbox:
         """runners.supervisor's options for the network."""
         if self.network != "outbound":
             return []
+        if os.geteuid() != 0:
+            raise SandboxError("RINGMASTER_JOB_NETWORK=outbound needs a portal that runs as root; "
+                               "set it to none (no network) or run the worker as root")
         if not self.pasta:
             raise SandboxError("RINGMASTER_JOB_NETWORK=outbound, but pasta is not installed "
                                "(apt-get install passt)")
@@ -78,6 +81,8 @@ class Sandbox:
                 *caps, "--perms", "01777", "--tmpfs", "/tmp", "--perms", "01777", "--tmpfs", "/dev/shm"]
         if self.network != "host":
             argv.append("--unshare-net")
+        if os.geteuid() != 0:
+            argv.append("--unshare-user")     # the namespaces of a portal that is not root belong to one of its own
         for device in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", device, device]
         hidden = ["/tmp"]

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 SETUP_SECONDS = 10
@@ -69,23 +70,30 @@ def in_namespace(pid, argv, **kwargs):
 
 def connect(pid, pasta):
     """Attach pasta to the namespace of `pid`, wait for its interface to be configured, and
-    prohibit this machine's addresses there. Returns the pasta process."""
+    prohibit this machine's addresses there. Returns the pasta process. As root only
+    (runners.sandbox.Sandbox.supervise): pasta opens /dev/net/tun, and the routes are set from
+    outside the namespace."""
     # pasta opens the namespace once it has given up its capabilities: it gets a descriptor of
     # it, opened here.
     namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    said = tempfile.TemporaryFile()
     try:
         process = subprocess.Popen(
-            [pasta, "--foreground", "--quiet", "--config-net", "--runas", str(os.getuid()), "--no-map-gw",
+            [pasta, "--foreground", "--quiet", "--config-net", "--runas", "0", "--no-map-gw",
              "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--netns", f"/proc/self/fd/{namespace}"],
-            pass_fds=(namespace,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            pass_fds=(namespace,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said)
     finally:
         os.close(namespace)
     deadline = time.monotonic() + SETUP_SECONDS
     while "default" not in in_namespace(pid, ["ip", "route", "show", "default"]).stdout:
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError("pasta could not connect the job's network namespace")
+            process.wait()
+            said.seek(0)
+            why = " ".join(line for line in said.read().decode(errors="replace").splitlines() if "syslog" not in line)
+            raise RuntimeError(f"pasta could not connect the job's network namespace ({why.strip() or 'no reason given'})")
         time.sleep(0.005)
+    said.close()
     batch = "".join(f"route add prohibit {address}{'/128' if address.version == 6 else '/32'}\n"
                     for address in machine_addresses())
     if batch:
@@ -107,13 +115,19 @@ def run(argv, pasta=None):
     job = subprocess.Popen(argv, pass_fds=(info_write, block_read))
     os.close(info_write)
     os.close(block_read)
-    network = None
+    network, sandbox = None, None
     try:
-        network = connect(read_child_pid(info_read), pasta)
+        sandbox = read_child_pid(info_read)
+        network = connect(sandbox, pasta)
         os.write(block_write, b"1")
     except Exception as exc:                       # the job never starts: say why in its output
         print(f"ringmaster: the job's network could not be set up: {exc}", file=sys.stderr, flush=True)
+        # Killed while it is held (the end of the hold's pipe would let it go on): the first
+        # process of its PID namespace, and with it the namespace, then bubblewrap.
+        if sandbox is not None:
+            os.kill(sandbox, signal.SIGKILL)
         job.kill()
+        job.wait()
     finally:
         os.close(block_write)
     try:
