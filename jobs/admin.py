@@ -192,12 +192,18 @@ class InstanceAdmin(admin.ModelAdmin):
     list_filter = ["enabled", "healthy"]
     search_fields = ["name", "host", "labels"]
     readonly_fields = ["healthy", "health_reason", "health_checked_at", "gpus_detected", "gpu_list",
-                       "host_key_fingerprint"]
+                       "host_key_fingerprint", "job_isolation"]
     actions = ["check_health_now"]
 
     @admin.display(description="slots in use")
     def slots_in_use(self, obj):
         return sum(a.slots for a in obj.allocations.all())
+
+    @admin.display(description="job isolation")
+    def job_isolation(self, obj):
+        from jobs.backends.instances import SHARED_ACCOUNT
+
+        return f"The account {obj.user or '?'}: {SHARED_ACCOUNT}"
 
     @admin.display(description="GPUs seen")
     def gpus_seen(self, obj):

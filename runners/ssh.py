@@ -192,9 +192,11 @@ def sh(script, *args):
     return " ".join(shlex.quote(word) for word in ("/bin/sh", "-c", script, "ringmaster", *args))
 
 
-# Make the job directory and refuse when the disk is (nearly) full. $1 dir, $2 min free KiB.
+# Make the job directory, mode 0700 (the machine's other users never open it), and refuse when
+# the disk is (nearly) full. $1 dir, $2 min free KiB.
 PREPARE = r"""
 mkdir -p -- "$1" || exit 3
+chmod 700 -- "$1" || exit 3
 cd -- "$1" || exit 3
 free=$(df -Pk . | awk 'NR==2 {print $4}')
 if [ -n "$free" ] && [ "$free" -lt "$2" ]; then

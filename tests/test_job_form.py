@@ -175,3 +175,16 @@ def test_the_shipped_examples_have_descriptions():
 
     for path in (Path(__file__).resolve().parent.parent / "jobs" / "examples").glob("*.py"):
         assert script_description(path.read_text()), path.name
+
+
+def test_the_form_and_the_instances_admin_page_say_that_jobs_on_an_instance_share_its_account(
+        client, alice, image, make_user):
+    client.force_login(alice)
+    assert "share" not in html.unescape(client.get("/jobs/new/").content.decode())   # local jobs are apart
+    instance = Instance.objects.create(name="big", host="big.example", user="trainer", gpus=4, healthy=True)
+    page = html.unescape(client.get("/jobs/new/").content.decode())
+    assert ("GPU instances over SSH: jobs on an instance run under its one SSH account, so they can read "
+            "each other's files and signal each other's processes there.") in page
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    page = html.unescape(client.get(f"/admin/jobs/instance/{instance.pk}/change/").content.decode())
+    assert "The account trainer: jobs on an instance run under its one SSH account" in page

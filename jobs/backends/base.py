@@ -169,6 +169,11 @@ class Backend:
         """What the job form says under "GPUs" about this backend ("" for nothing)."""
         return ""
 
+    def isolation_note(self):
+        """What the job form says under "Backend" about what a job here shares with others
+        ("" where each job is kept apart from every other)."""
+        return ""
+
     def image_problem(self, image):
         """Why `image` cannot run on this backend (naming where it can), or None."""
         return None

@@ -257,6 +257,12 @@ class InstancesAdmission(ByGpuModel, Admission):
         return allocation.slots
 
 
+# What jobs on an instance share: its SSH account runs every job there, each in a folder of mode
+# 0700 (which keeps out the machine's other users, not the account's other jobs).
+SHARED_ACCOUNT = ("jobs on an instance run under its one SSH account, so they can read each other's files "
+                  "and signal each other's processes there.")
+
+
 class InstancesBackend(Backend):
     name = "instances"
     label = "GPU instances over SSH"
@@ -284,6 +290,9 @@ class InstancesBackend(Backend):
 
     def image_problem(self, image):
         return interpreter_problem(image, "a GPU instance")
+
+    def isolation_note(self):
+        return f"{self.label}: {SHARED_ACCOUNT}"
 
     def gpu_models(self):
         names = set()

@@ -63,6 +63,7 @@ class JobPageForm(JobForm):
         self.fields["backend"].initial = settings.RINGMASTER_DEFAULT_BACKEND
         self._choose_fitting_image(offered)
         self.fields["gpus"].help_text = " ".join(note for note in (b.gpus_note() for b in offered) if note)
+        self.fields["backend"].help_text = " ".join(note for note in (b.isolation_note() for b in offered) if note)
         self.fields["gpus"].initial = 2
         self.fields["script_path"].help_text = "Or a path to a script inside the image."
         groups = quotas.groups_of(self.user)

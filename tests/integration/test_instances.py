@@ -242,6 +242,7 @@ def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     assert_complete(job_id, 20)
     assert not SlotAllocation.objects.exists()                                  # released at the end
     assert (sshds["work_dir"] / job_name(job_id) / "exit_code").read_text().strip() == "0"
+    assert (sshds["work_dir"] / job_name(job_id)).stat().st_mode & 0o777 == 0o700     # no other user opens it
 
 
 def test_two_instances_share_one_two_host_job(http, sshds):
