@@ -107,8 +107,10 @@ class Service:
         return Path(self.log_path).read_text(errors="replace")
 
 
-# Test users' passwords are hashed in microseconds, not a second each (tests.passwords).
-settings.PASSWORD_HASHERS = ["tests.passwords.OneIterationPBKDF2"]
+def pytest_configure(config):
+    # Test users' passwords are hashed in microseconds, not a second each (tests.passwords). Here,
+    # not at import: bench/ imports this module's helpers without Django's settings.
+    settings.PASSWORD_HASHERS = ["tests.passwords.OneIterationPBKDF2"]
 
 
 @pytest.fixture(scope="session", autouse=True)
