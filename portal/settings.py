@@ -58,6 +58,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
+    "frontend",                       # first: its admin/base_site.html (the site's warnings) is the admin's
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -70,7 +71,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",        # Swagger UI's files, served from here (no CDN)
     "channels",
     "jobs",
-    "frontend",
 ]
 
 MIDDLEWARE = [

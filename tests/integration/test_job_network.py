@@ -161,3 +161,15 @@ def test_manage_py_check_warns_of_the_host_network_and_refuses_an_unknown_one(tm
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2],
                             env=env, capture_output=True, text=True, timeout=120)
     assert says in result.stderr, result.stderr
+
+
+@pytest.mark.django_db
+def test_every_admin_page_warns_while_jobs_share_the_machines_network(client, django_user_model, settings):
+    admin = django_user_model.objects.create_superuser("root", password="pw")
+    client.force_login(admin)
+    warning = "RINGMASTER_JOB_NETWORK=host: jobs on this machine share its network"
+    settings.RINGMASTER_JOB_NETWORK = "outbound"
+    assert warning not in client.get("/admin/").content.decode()
+    settings.RINGMASTER_JOB_NETWORK = "host"
+    for page in ("/admin/", "/admin/jobs/instance/"):
+        assert warning in client.get(page).content.decode()
