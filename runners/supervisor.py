@@ -10,8 +10,9 @@ and the job's output as stdout. It imports nothing but the standard library and 
   is asked for the pid of the sandbox (--info-fd) and to hold the job (--block-fd) until the
   namespace is connected: pasta (Debian's `passt`) attaches a tap device there and NATs its
   traffic through this machine's sockets, with no port forwarded in either direction and the
-  gateway not mapped to this machine's loopback. Every address of this machine is then given a
-  `prohibit` route inside the namespace, so a job reaches none of its services by any of them
+  gateway not mapped to this machine's loopback. Every address of this machine, and the
+  clouds' instance-metadata addresses, are then given a `prohibit` route inside the namespace,
+  so a job reaches none of its services by any of them, nor the machine's cloud credentials
   (the job has no capability to change the routes).
 - pasta outlives the namespace it serves: it is this process's child and ends with the job.
 - The exit code is written as `FILE.tmp`, then renamed to FILE.
@@ -28,6 +29,9 @@ import tempfile
 import time
 
 SETUP_SECONDS = 10
+# Addresses where clouds answer a machine with its credentials (instance metadata: AWS, GCP,
+# Azure, OpenStack; and AWS's IPv6 one): another way to the machine's secrets.
+METADATA_ADDRESSES = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
 
 
 def machine_addresses():
@@ -95,7 +99,7 @@ def connect(pid, pasta):
         time.sleep(0.005)
     said.close()
     batch = "".join(f"route add prohibit {address}{'/128' if address.version == 6 else '/32'}\n"
-                    for address in machine_addresses())
+                    for address in [*machine_addresses(), *METADATA_ADDRESSES])
     if batch:
         done = in_namespace(pid, ["ip", "-force", "-batch", "-"], input=batch)
         if done.returncode != 0:

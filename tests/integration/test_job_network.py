@@ -47,7 +47,13 @@ if hvd.rank() == 0:
             outside = connection.recv(64).decode()
     except OSError as exc:
         outside = type(exc).__name__
-print("NET " + json.dumps({"rank": hvd.rank(), "sum": total, "reached": reached, "outside": outside}), flush=True)
+    try:                                   # the cloud's instance metadata: refused by a route
+        socket.create_connection(("169.254.169.254", 80), timeout=3).close()
+        metadata = "connected"
+    except OSError as exc:
+        metadata = type(exc).__name__
+print("NET " + json.dumps({"rank": hvd.rank(), "sum": total, "reached": reached, "outside": outside,
+                           "metadata": metadata if hvd.rank() == 0 else None}), flush=True)
 """
 
 
@@ -149,6 +155,8 @@ def test_a_job_all_reduces_reaches_no_service_of_the_machine_and_the_outside_onl
     assert sorted(seen) == [0, 1] and {ranks["sum"] for ranks in seen.values()} == {3.0}
     assert seen[0]["reached"] == []
     assert (seen[0]["outside"] == "hello from outside") is reaches_outside, seen[0]["outside"]
+    # Not the metadata address either: no route with none, a prohibiting one with outbound.
+    assert seen[0]["metadata"] == ("PermissionError" if reaches_outside else "OSError"), seen[0]["metadata"]
 
 
 @pytest.mark.parametrize("network, says", [
