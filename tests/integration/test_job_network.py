@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runners.base import JobSpec
+from runners.base import JOB_DIR_VAR, JobSpec
 from runners.local import LocalRunner
 from runners.sandbox import find
-from tests.conftest import run_to_end
+from tests.conftest import processes_marked, run_to_end, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -135,8 +135,12 @@ def run_probe(tmp_path, network, targets, outside):
     sandbox = find("bwrap", (str(tmp_path / "data"),), str(Path.home()), network)
     spec = JobSpec(job_id=4300, gpus=2, python=sys.executable, script_name="probe.py", script_content=PROBE,
                    script_path=None, args=(json.dumps(targets), json.dumps(outside)))
-    lines, exited = run_to_end(LocalRunner(tmp_path / "jobs", sandbox=sandbox), spec)
+    runner = LocalRunner(tmp_path / "jobs", sandbox=sandbox)
+    lines, exited = run_to_end(runner, spec)
     assert exited.code == 0, [line.text for line in lines][-20:]
+    # Nothing of the job outlives it: pasta (which carries the job's marker) ended with it.
+    marker = str(runner.job_dir(spec).resolve())
+    wait_for(lambda: not processes_marked(marker, JOB_DIR_VAR), timeout=10, message="the job's processes to end")
     return {seen["rank"]: seen for seen in (json.loads(line.text[4:]) for line in lines if line.text.startswith("NET "))}
 
 
