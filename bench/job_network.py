@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
+from tests.netns import outside_server  # noqa: E402
 
 SERVE = """
 import socket, sys
@@ -46,10 +47,6 @@ with socket.create_connection((sys.argv[1], 9000)) as connection:
         received += len(data)
 print(received / (time.monotonic() - started) / 1e6)
 """
-
-
-def sh(*argv):
-    subprocess.run(argv, check=True, capture_output=True)
 
 
 def child_pid(fd):
@@ -112,40 +109,24 @@ def main():
     parser.add_argument("--megabytes", type=int, default=300)
     args = parser.parse_args()
     common.header("job_network: pasta against slirp4netns, set-up and download throughput")
-    name, near, far = f"rm-bench-{os.getpid()}", f"rmb{os.getpid()}a", f"rmb{os.getpid()}b"
     folder = Path(tempfile.mkdtemp(dir="/var/tmp"))
     (folder / "fetch.py").write_text(FETCH)
     os.chmod(folder, 0o755)
-    sh("ip", "netns", "add", name)
-    server = None
     try:
-        sh("ip", "link", "add", near, "type", "veth", "peer", "name", far)
-        sh("ip", "link", "set", far, "netns", name)
-        sh("ip", "addr", "add", "10.252.0.1/30", "dev", near)
-        sh("ip", "link", "set", near, "up")
-        sh("ip", "netns", "exec", name, "ip", "addr", "add", "10.252.0.2/30", "dev", far)
-        sh("ip", "netns", "exec", name, "ip", "link", "set", far, "up")
-        server = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", SERVE, str(args.megabytes)],
-                                  stdout=subprocess.PIPE, text=True)
-        assert server.stdout.readline().strip() == "up"
-        results = {"pasta": [], "slirp4netns": []}
-        for round_ in range(args.rounds):
-            for tool in (("pasta", "slirp4netns") if round_ % 2 == 0 else ("slirp4netns", "pasta")):
-                results[tool].append(one_run(tool, folder, "10.252.0.2"))
-            print(f"round {round_ + 1}: " + ", ".join(
-                f"{tool} {runs[-1][0]:.0f} ms, {runs[-1][1]:.0f} MB/s" for tool, runs in results.items()))
-        for tool, runs in results.items():
-            print(f"{tool}: set-up median {statistics.median(r[0] for r in runs):.0f} ms, "
-                  f"throughput median {statistics.median(r[1] for r in runs):.0f} MB/s")
-        ratio = statistics.median(r[1] for r in results["pasta"]) / statistics.median(r[1] for r in results["slirp4netns"])
-        print(f"RESULT pasta / slirp4netns throughput = {ratio:.2f}")
+        with outside_server(SERVE, str(args.megabytes)) as server:
+            results = {"pasta": [], "slirp4netns": []}
+            for round_ in range(args.rounds):
+                for tool in (("pasta", "slirp4netns") if round_ % 2 == 0 else ("slirp4netns", "pasta")):
+                    results[tool].append(one_run(tool, folder, server))
+                print(f"round {round_ + 1}: " + ", ".join(
+                    f"{tool} {runs[-1][0]:.0f} ms, {runs[-1][1]:.0f} MB/s" for tool, runs in results.items()))
     finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", near], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
+    for tool, runs in results.items():
+        print(f"{tool}: set-up median {statistics.median(r[0] for r in runs):.0f} ms, "
+              f"throughput median {statistics.median(r[1] for r in runs):.0f} MB/s")
+    ratio = statistics.median(r[1] for r in results["pasta"]) / statistics.median(r[1] for r in results["slirp4netns"])
+    print(f"RESULT pasta / slirp4netns throughput = {ratio:.2f}")
     print(f"machine after: {common.machine()}")
 
 

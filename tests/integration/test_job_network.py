@@ -20,6 +20,7 @@ from runners.base import JOB_DIR_VAR, JobSpec
 from runners.local import LocalRunner
 from runners.sandbox import find
 from tests.conftest import processes_marked, run_to_end, wait_for
+from tests.netns import outside_server
 
 pytestmark = [
     pytest.mark.integration,
@@ -57,42 +58,14 @@ print("NET " + json.dumps({"rank": hvd.rank(), "sum": total, "reached": reached,
 """
 
 
-def run(*argv):
-    subprocess.run(argv, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def internet():
-    """A TCP server in a network namespace of its own, reached from this machine through a veth
-    pair on a /30 of 10.251.0.0/16 picked by this process's pid: (its address, its port). It
-    answers every connection with "hello from outside"."""
-    pid = os.getpid()
-    name, here, there = f"rm-inet-{pid}", f"rmi{pid}a", f"rmi{pid}b"
-    prefix = f"10.251.{(pid >> 6) & 255}"
-    base = (pid & 63) * 4
-    near, far = f"{prefix}.{base + 1}", f"{prefix}.{base + 2}"
-    run("ip", "netns", "add", name)
-    server = None
-    try:
-        run("ip", "link", "add", here, "type", "veth", "peer", "name", there)
-        run("ip", "link", "set", there, "netns", name)
-        run("ip", "addr", "add", f"{near}/30", "dev", here)
-        run("ip", "link", "set", here, "up")
-        run("ip", "netns", "exec", name, "ip", "addr", "add", f"{far}/30", "dev", there)
-        run("ip", "netns", "exec", name, "ip", "link", "set", there, "up")
-        run("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
-        serve = ("import socket\ns = socket.create_server(('0.0.0.0', 8080))\nprint('up', flush=True)\n"
-                 "while True:\n    c, _ = s.accept()\n    c.sendall(b'hello from outside')\n    c.close()\n")
-        server = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", serve],
-                                  stdout=subprocess.PIPE, text=True)
-        assert server.stdout.readline().strip() == "up"
-        yield far, 8080
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    """A TCP server behind a veth pair in a network namespace of its own (tests.netns): (its
+    address, its port). It answers every connection with "hello from outside"."""
+    serve = ("import socket\ns = socket.create_server(('0.0.0.0', 8080))\nprint('up', flush=True)\n"
+             "while True:\n    c, _ = s.accept()\n    c.sendall(b'hello from outside')\n    c.close()\n")
+    with outside_server(serve) as address:
+        yield address, 8080
 
 
 @pytest.fixture(scope="module")
