@@ -201,9 +201,9 @@ class InstanceAdmin(admin.ModelAdmin):
 
     @admin.display(description="job isolation")
     def job_isolation(self, obj):
-        from jobs.backends.instances import SHARED_ACCOUNT
+        from jobs.backends.instances import isolation_of
 
-        return f"The account {obj.user or '?'}: {SHARED_ACCOUNT}"
+        return isolation_of(obj)
 
     @admin.display(description="GPUs seen")
     def gpus_seen(self, obj):

@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
+from runners import ssh
+
 
 class Image(models.Model):
     """An entry of the admin-managed catalog. A job can only use an enabled image.
@@ -331,6 +333,9 @@ class Instance(models.Model):
     gpus_detected = models.IntegerField(null=True, blank=True, help_text="From nvidia-smi, where present.")
     gpu_inventory = models.JSONField(default=list, blank=True, editable=False,
                                      help_text="The GPUs the last health check saw: index, name, memory (MiB), uuid.")
+    isolation = models.CharField(max_length=20, blank=True, default="", editable=False,
+                                 choices=list(ssh.ISOLATIONS.items()),
+                                 help_text="How jobs run there, from what its account can do (last health check).")
 
     class Meta:
         ordering = ["name"]

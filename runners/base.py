@@ -105,11 +105,13 @@ JOB_ID_VAR = "RINGMASTER_JOB_ID"
 JOB_DIR_VAR = "RINGMASTER_JOB_DIR"
 
 
-def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
+def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=(), wrapper=()):
     """horovodrun's argv for `spec` on `hosts` ("h1:2,h2:2"): Gloo, no cache, an explicit start
-    timeout, then the rank launcher (no word of the user: those are in the job folder's argv file). `launcher` is how horovodrun is started
-    (["horovodrun"] or [python, "-m", "horovod.runner.launch"]); `extra` are more options
-    (ssh port and key, network interface), which must come before the training command."""
+    timeout, then the rank launcher (no word of the user: those are in the job folder's argv
+    file). `launcher` is how horovodrun is started (["horovodrun"] or [python, "-m",
+    "horovod.runner.launch"]); `extra` are more options (ssh port and key, network interface),
+    which must come before the training command; `wrapper` starts each rank (before the rank
+    launcher's words)."""
     if spec.elastic:
         # The hosts come from the discovery script; no reset limit (every resize is a reset).
         where = ["--min-np", str(spec.min_gpus), "--max-np", str(spec.max_gpus),
@@ -119,7 +121,7 @@ def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=()):
     return [
         *launcher, "--gloo", "-np", str(spec.gpus), *where, *extra,
         "--disable-cache", "--start-timeout", str(start_timeout),
-        *spec.rank_command(),
+        *wrapper, *spec.rank_command(),
     ]
 
 

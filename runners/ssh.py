@@ -1,17 +1,30 @@
 """horovodrun on interactive GPU instances, reached over SSH (paramiko).
 
-A job gets slots on one or more instances (hosts). On every host the runner makes the job
-directory <work_dir>/<spec.name>/ and puts the script (and ringmaster_metrics.py) there: Gloo
-runs every rank in the launcher's working directory, so the path must be the same everywhere.
-On the first host it starts
+A job gets slots on one or more instances (hosts). On every host the runner makes two folders,
+the same paths everywhere (Gloo runs every rank in the launcher's working directory):
+
+- the job's own folder, <work_dir>/<spec.name>/, mode 0700: the script, ringmaster_metrics.py,
+  the rank launcher and what the job writes. The ranks run there.
+- its control folder, <work_dir>/.portal/<spec.name>/, mode 0700 and the SSH account's: what the
+  portal trusts (output.log, pid, exit_code, the elastic job's hosts file and discovery script)
+  and RANK_WRAPPER, which starts each rank. horovodrun runs there.
+
+Where the instance's account is root or may run `sudo -n`, and setpriv is there, each job runs
+under a uid of its own (PREPARE picks it, the control folder keeps it): its folder is that uid's,
+every file the portal puts there is written as that uid, and RANK_WRAPPER starts each rank as
+it, under bubblewrap (a private /tmp) where bwrap is installed. The job then cannot read
+another job's folder, signal its processes, or write what the portal reads back. Elsewhere the
+job runs under the account itself, as every other job there (jobs share one account).
+
+On the first host the runner starts
 
     horovodrun --gloo -np N -H h1:s1,h2:s2 [-p P -i KEY] [--network-interface IF]
-               --disable-cache --start-timeout T <python> <script> <args>
+               --disable-cache --start-timeout T ./run-rank <python> -m ringmaster_rank
 
 detached from the SSH session (its own session and process group, `setsid`), with its output
-appended to `output.log` in the job directory and its exit code written to `exit_code` by the
-same wrapper as the local runner. A Celery worker or portal restart therefore leaves training
-alone; the next follower re-reads `output.log` from the byte offset the database kept.
+appended to `output.log` and its exit code written to `exit_code` by the same wrapper as the
+local runner. A Celery worker or portal restart therefore leaves training alone; the next
+follower re-reads `output.log` from the byte offset the database kept.
 
 Safety:
 - Every remote word is quoted with shlex.quote; nothing a user typed reaches a shell unquoted.
@@ -29,12 +42,14 @@ import shlex
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 
 from . import gpus, telemetry
+from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Status, Waiting, horovodrun_argv)
 
@@ -44,6 +59,8 @@ POLLED_STATUS_SECONDS = 1.0    # polling output: is the launcher alive, when a r
 STREAMED_STATUS_SECONDS = 5.0  # streaming: the stream ends with the launcher; this notices a silent host
 TROUBLE_SAID_AFTER = 10.0     # seconds of trouble reaching a host before the job's reason says so
 MIN_FREE_KB = 10 * 1024
+CONTROL = ".portal"          # <work_dir>/.portal/<job>/: the control folders (a job's name never starts with a dot)
+RANK_WRAPPER = "run-rank"
 NO_HOST_KEY = object()
 
 
@@ -77,6 +94,9 @@ class Host:
 
     def job_dir(self, spec):
         return f"{self.work_dir.rstrip('/')}/{spec.name}"
+
+    def control_dir(self, spec):
+        return f"{self.work_dir.rstrip('/')}/{CONTROL}/{spec.name}"
 
     def __repr__(self):  # never show the key
         return f"Host({self.name!r}, {self.address}:{self.port}, slots={self.slots})"
@@ -192,29 +212,123 @@ def sh(script, *args):
     return " ".join(shlex.quote(word) for word in ("/bin/sh", "-c", script, "ringmaster", *args))
 
 
-# Make the job directory, mode 0700 (the machine's other users never open it), and refuse when
-# the disk is (nearly) full. $1 dir, $2 min free KiB.
-PREPARE = r"""
-mkdir -p -- "$1" || exit 3
-chmod 700 -- "$1" || exit 3
+# Every script below that gets a job's control folder ($1) goes there with at_control, which
+# also names the job's own folder: <work_dir>/.portal/<job> is the control folder of <work_dir>/<job>.
+AT_CONTROL = r"""
+at_control() {
+    cd -- "$1" 2>/dev/null || return 1
+    c=$(pwd -P); job=${c%/""" + CONTROL + r"""/*}/${c##*/}
+}
+"""
+# Run "$@" as the job's uid where its control folder ($c) names one, else as this account. Only
+# root changes uid: an account that is not root does it through `sudo -n` (-E keeps the rank's
+# Horovod variables). `box`: under bubblewrap where it is installed (a private /tmp and SysV IPC;
+# the network, the GPUs and /dev/shm stay the host's, which Gloo and NCCL need). `run=exec`:
+# the command replaces this shell.
+AS_JOB = r"""
+as_job() {
+    if [ -s "$c/uid" ]; then
+        u=$(cat "$c/uid")
+        set -- setpriv --reuid="$u" --regid="$u" --clear-groups --no-new-privs -- "$@"
+        if [ -n "$box" ] && command -v bwrap >/dev/null 2>&1; then
+            set -- --unshare-ipc --die-with-parent -- "$@"
+            case $job in        # a job folder under /tmp stays, with the folder of /tmp it is in
+                /tmp/?*) keep=${job#/tmp/}; keep=/tmp/${keep%%/*}; set -- --dev-bind "$keep" "$keep" "$@" ;;
+            esac
+            set -- bwrap --dev-bind / / --perms 01777 --tmpfs /tmp "$@"
+        fi
+        [ "$(id -u)" = 0 ] || set -- sudo -n -E -- "$@"
+    fi
+    $run "$@"
+}
+"""
+# How this account gives a job a uid of its own: as root (as=), through `sudo -n` (as="sudo -n"),
+# or not at all (as=none: neither, or no setpriv).
+ACCOUNT = r"""
+if [ "$(id -u)" = 0 ]; then as=
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then as="sudo -n"
+else as=none; fi
+command -v setpriv >/dev/null 2>&1 || as=none
+"""
+# Make the job's two folders, mode 0700, and refuse when the disk is (nearly) full. $1 work dir,
+# $2 the job's name, $3 min free KiB, $4 the first uid to try, $5 the setup line, $6 the job's
+# Python. Prints "uid U" where the job gets a uid of its own (root, or `sudo -n`, and setpriv),
+# else "shared". The uid is the first from $4 that no user, process or folder of the work dir
+# has, under a lock; the folders above the job's folder and its Python get search permission
+# (o+x, never read) so that the uid reaches them.
+PREPARE = ACCOUNT + r"""
+umask 077
+mkdir -p -- "$1/""" + CONTROL + r"""/$2" || exit 3
 cd -- "$1" || exit 3
+work=$(pwd -P)
+chmod 700 -- """ + CONTROL + r""" """ + CONTROL + r"""/"$2" || exit 3
 free=$(df -Pk . | awk 'NR==2 {print $4}')
-if [ -n "$free" ] && [ "$free" -lt "$2" ]; then
-    echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 28
+if [ -n "$free" ] && [ "$free" -lt "$3" ]; then
+    echo "disk full: only ${free} KiB free in $work" >&2; exit 28
 fi
-pwd
+job=$work/$2
+cd -- """ + CONTROL + r"""/"$2" || exit 3
+if [ "$as" = none ]; then
+    mkdir -p -- "$job" && chmod 700 -- "$job" || exit 3
+    echo shared; exit 0
+fi
+if [ ! -s uid ]; then
+    taken() {
+        getent passwd "$1" >/dev/null 2>&1 && return 0
+        stat -c %u -- /proc/[0-9]* 2>/dev/null | grep -qx "$1" && return 0
+        [ -n "$(find "$work" -mindepth 1 -maxdepth 1 -uid "$1" 2>/dev/null | head -n 1)" ]
+    }
+    exec 9>> "$work/""" + CONTROL + r"""/uids.lock"
+    if command -v flock >/dev/null 2>&1; then flock 9; fi
+    u=$4
+    while taken "$u"; do u=$((u + 1)); done
+    $as mkdir -p -- "$job" && $as chown "$u:$u" -- "$job" && $as chmod 700 -- "$job" || exit 3
+    echo "$u" > uid.tmp && mv uid.tmp uid || exit 3
+    exec 9>&-
+fi
+u=$(cat uid)
+if [ ! -d "$job" ]; then
+    $as mkdir -p -- "$job" && $as chown "$u:$u" -- "$job" && $as chmod 700 -- "$job" || exit 3
+fi
+reach() {
+    p=$1
+    while p=$(dirname -- "$p") && [ "$p" != / ] && [ "$p" != . ]; do
+        case $(stat -Lc %A -- "$p" 2>/dev/null) in
+            *[xt]|"") ;;
+            *) $as chmod o+x -- "$p" || return 1 ;;
+        esac
+    done
+}
+reach "$job" || { echo "cannot give the folders above $job search permission" >&2; exit 3; }
+py=$( { eval "$5"; } >/dev/null 2>&1 </dev/null; command -v -- "$6" )
+if [ -n "$py" ]; then reach "$py" && reach "$(readlink -f -- "$py")" || exit 3; fi
+echo "uid $u"
 """
-# Write stdin to file $2 in directory $1, atomically (a temporary file of this shell's own: two
-# runners launching the same job at once each write theirs).
-UPLOAD = r"""
+# Write stdin to file $2 of the control folder $1, atomically and executable by the account only
+# (a temporary file of this shell's own: two runners launching the same job at once each write theirs).
+UPLOAD_CONTROL = r"""
 cd -- "$1" || exit 3
-cat > ".$2.$$.tmp" && mv -f -- ".$2.$$.tmp" "$2"
+cat > ".$2.$$.tmp" && chmod 700 ".$2.$$.tmp" && mv -f -- ".$2.$$.tmp" "$2"
 """
-# Start horovodrun once. $1 dir, $2 setup line, then `env NAME=value...` and horovodrun's argv.
-# `mkdir launched` is atomic: a retried launch finds it and only reports the pid.
-LAUNCH = r"""
-cd -- "$1" || exit 3
-dir=$(pwd)
+# The same into the job's own folder, as the job's uid: nothing the job placed there (a link, a
+# file of that name) makes the portal write anywhere the job could not. $1 the control folder.
+UPLOAD_JOB = AT_CONTROL + AS_JOB + r"""
+at_control "$1" || exit 3
+as_job /bin/sh -c 'cd -- "$1" && cat > ".$2.$$.tmp" && mv -f -- ".$2.$$.tmp" "$2"' upload "$job" "$2"
+"""
+# Starts one rank (horovodrun runs it on every host, in the control folder): in the job's own
+# folder, as the job's uid where there is one, whose home that folder is.
+RANK_WRAPPER_TEXT = "#!/bin/sh\n" + AT_CONTROL + AS_JOB + r"""
+at_control . || exit 3
+box=1 run=exec
+if [ -s "$c/uid" ]; then set -- env HOME="$job" PATH="$PATH" "$@"; fi
+as_job /bin/sh -c 'cd -- "$0" && exec "$@"' "$job" "$@"
+"""
+# Start horovodrun once, in the control folder. $1 control folder, $2 setup line, then
+# `env NAME=value...` and horovodrun's argv. `mkdir launched` is atomic: a retried launch finds
+# it and only reports the pid.
+LAUNCH = AT_CONTROL + r"""
+at_control "$1" || exit 3
 setup=$2
 shift 2
 if ! mkdir launched 2>/dev/null; then
@@ -224,15 +338,15 @@ if [ -n "$setup" ]; then
     eval "$setup" >> output.log 2>&1 </dev/null || {
         echo "the instance's setup line failed (exit $?)" >> output.log
         echo 1 > exit_code; echo "setup-failed"; exit 0; }
-    cd -- "$dir" || exit 3      # whatever directory the setup line went to
+    cd -- "$c" || exit 3      # whatever directory the setup line went to
 fi
-""" + JOB_DIR_VAR + r"""=$(pwd); export """ + JOB_DIR_VAR + r"""
+""" + JOB_DIR_VAR + r"""=$job; export """ + JOB_DIR_VAR + r"""
 setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
 echo "$!" > pid.tmp && mv pid.tmp pid
 echo "started $!"
 """
-# Bytes of output.log from byte $2 (1-based), at most $3 of them; exit 44 while there is none.
-# For hosts whose sshd offers no SFTP subsystem.
+# Bytes of output.log (in control folder $1) from byte $2 (1-based), at most $3 of them; exit 44
+# while there is none. For hosts whose sshd offers no SFTP subsystem.
 READ = r"""
 cd -- "$1" 2>/dev/null || exit 44
 [ -f output.log ] || exit 44
@@ -251,17 +365,23 @@ if [ -n "$pid" ] && [ ! -f exit_code ] && kill -0 "$pid" 2>/dev/null; then
 fi
 exec tail -c +"$2" output.log
 """
-# Is the launcher alive? $1 dir. Prints exit code if written, else alive/gone.
+# Is the launcher alive? $1 control folder. Prints exit code if written, else alive/gone.
 STATUS = r"""
 cd -- "$1" 2>/dev/null || { echo missing; exit 0; }
 if [ -f exit_code ]; then echo "exit $(cat exit_code)"; exit 0; fi
 if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then echo alive; else echo gone; fi
 """
+# The words after $1 (a control folder) as root where the job has a uid of its own and this
+# account is not (sudo -n): only root signals the job's processes and reads their environment.
+AS_ROOT = r"""
+if [ -s "$1/uid" ] && [ "$(id -u)" != 0 ]; then shift; exec sudo -n -- "$@"; fi
+shift; exec "$@"
+"""
 # Stop every process of the job on this host: the launcher's process group, then everything
-# that carries the job-directory marker; TERM, a grace period, then KILL. $1 dir, $2 grace s.
-CANCEL = r"""
-cd -- "$1" 2>/dev/null || exit 0
-d=$(pwd)
+# that carries the job-folder marker; TERM, a grace period, then KILL. $1 control folder, $2 grace s.
+CANCEL = AT_CONTROL + r"""
+at_control "$1" || exit 0
+d=$job
 marked() {
     for p in /proc/[0-9]*; do
         tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF "RINGMASTER_JOB_DIR=$d" && echo "${p#/proc/}"
@@ -280,12 +400,16 @@ done
 """
 
 
-# A telemetry sample of one host. $1 setup line, $2 job dir, then nvidia-smi's argv for a job that
-# owns GPUs there; with no argv, the CPU ticks and resident KiB of the job's processes.
-SAMPLE = r"""
+def sh_as_root(control, script, *args):
+    """sh(script, *args), as root where the job in `control` has a uid of its own (AS_ROOT)."""
+    return sh(AS_ROOT, control, "/bin/sh", "-c", script, "ringmaster", *args)
+
+# A telemetry sample of one host. $1 setup line, $2 control folder, then nvidia-smi's argv for a
+# job that owns GPUs there; with no argv, the CPU ticks and resident KiB of the job's processes.
+SAMPLE = AT_CONTROL + r"""
 eval "$1" >/dev/null 2>&1 </dev/null
-cd -- "$2" 2>/dev/null || { echo missing; exit 0; }
-d=$(pwd)
+at_control "$2" || { echo missing; exit 0; }
+d=$job
 shift 2
 if [ "$#" -gt 0 ]; then
     if command -v timeout >/dev/null 2>&1; then set -- timeout 15 "$@"; fi
@@ -337,9 +461,19 @@ def build_lacks(text):
     return lacks
 
 
+# How jobs run on an instance, by what its account can do (ACCOUNT) and whether bubblewrap is there.
+ISOLATIONS = {
+    "uid+bwrap": "each job under a uid of its own, with a private /tmp (bubblewrap): "
+                 "a job cannot read another job's files or signal its processes",
+    "uid": "each job under a uid of its own: a job cannot read another job's files or signal its processes",
+    "shared": "every job under the one SSH account (neither root nor allowed `sudo -n`), so jobs there "
+              "can read each other's files and signal each other's processes",
+}
+
+
 def check(host, timeout=10.0, build=True):
-    """A health check: (host key line, [Gpu] nvidia-smi lists, or None without nvidia-smi).
-    Raises InstanceError.
+    """A health check: (host key line, [Gpu] nvidia-smi lists or None without nvidia-smi, how
+    jobs run there: ISOLATIONS' key). Raises InstanceError.
 
     Reachable, logged in, horovodrun runs after the setup line (`build`: `--check-build`, its
     frameworks load; else `--version`, it starts), and each GPU (index, name, memory) where
@@ -356,6 +490,9 @@ def check(host, timeout=10.0, build=True):
                  'free=$(df -Pk . | awk \'NR==2 {print $4}\')\n' \
                  'if [ -n "$free" ] && [ "$free" -lt "$3" ]; then\n' \
                  '  echo "disk full: only ${free} KiB free in $(pwd)" >&2; exit 93\nfi\n' \
+                 'if [ "$as" = none ]; then echo "ISOLATION shared"\n' \
+                 'elif command -v bwrap >/dev/null 2>&1; then echo "ISOLATION uid+bwrap"\n' \
+                 'else echo "ISOLATION uid"; fi\n' \
                  f'{probe} 2>&1 || exit 91\n' \
                  'if command -v nvidia-smi >/dev/null 2>&1; then\n' \
                  '  echo "$4"; shift 4\n' \
@@ -364,7 +501,7 @@ def check(host, timeout=10.0, build=True):
                  '  [ "$code" = 124 ] && { echo "nvidia-smi did not answer within $NVIDIA_SMI_TIMEOUT s" >&2; exit 94; }\n' \
                  '  [ "$code" = 0 ] || { echo "nvidia-smi failed (exit code $code)" >&2; exit 94; }\n' \
                  'fi\n'
-        script = f"NVIDIA_SMI_TIMEOUT={NVIDIA_SMI_TIMEOUT}\n" + script
+        script = f"NVIDIA_SMI_TIMEOUT={NVIDIA_SMI_TIMEOUT}\n" + ACCOUNT + script
         code, out, err = execute(client, sh(script, host.setup or ":", host.work_dir, str(MIN_FREE_KB),
                                             NVIDIA_SMI_MARK, *gpus.inventory_argv()),
                                  timeout=max(timeout, 90))
@@ -387,10 +524,12 @@ def check(host, timeout=10.0, build=True):
     lacks = build_lacks(out.partition(NVIDIA_SMI_MARK)[0]) if build else []
     if lacks:
         raise InstanceError(f"{host.where()}: {HOROVOD_BUILD_PROBE}: Horovod is built without {' and without '.join(lacks)}")
+    isolation = re.search(r"^ISOLATION (\S+)$", out, re.M)
+    isolation = isolation.group(1) if isolation else "shared"
     if NVIDIA_SMI_MARK not in out:
-        return seen, None
+        return seen, None, isolation
     try:
-        return seen, gpus.parse_inventory(said)
+        return seen, gpus.parse_inventory(said), isolation
     except gpus.GpuQueryError as exc:
         raise InstanceError(f"{host.where()}: {exc}") from None
 
@@ -554,6 +693,22 @@ def open_output(client, directory, timeout, wait=None):
         return ExecOutput(client, directory, timeout)
 
 
+def first_uid(name):
+    """The first uid PREPARE tries for job `name` (unique per installation and job), from the
+    range the portal's own machine gives its jobs."""
+    return UID_BASE + zlib.crc32(name.encode()) % UID_SPAN
+
+
+def run_as(hosts, users):
+    """How the job runs on `hosts`, from PREPARE's words for each: "as uid N on a, b; under the
+    SSH account on c"."""
+    uids = [f"{h.name} as uid {word.split()[1]}" for h, word in zip(hosts, users) if word.startswith("uid ")]
+    shared = [h.name for h, word in zip(hosts, users) if not word.startswith("uid ")]
+    parts = ([f"on {', '.join(uids)}"] if uids else []) + \
+            ([f"on {', '.join(shared)} under the SSH account, as its other jobs"] if shared else [])
+    return "; ".join(parts)
+
+
 class SSHRunner(Runner):
     """Runs a job on `hosts` (the first one runs horovodrun). Records host keys it learns in
     `learned_host_keys` ({instance name: key line}) for the caller to store."""
@@ -605,7 +760,8 @@ class SSHRunner(Runner):
                 extra += ["-i", first.peer_ssh_key]
         if first.network_interface:
             extra += ["--network-interface", first.network_interface]
-        return horovodrun_argv(["horovodrun"], spec, self.host_list(spec), self.start_timeout, extra)
+        return horovodrun_argv(["horovodrun"], spec, self.host_list(spec), self.start_timeout, extra,
+                               wrapper=[f"./{RANK_WRAPPER}"])
 
     def environment(self, spec):
         """What the job's processes get on top of the instance's own login environment."""
@@ -615,60 +771,62 @@ class SSHRunner(Runner):
         return env
 
     def _prepare(self, host, spec):
+        """The job's folders on `host` (PREPARE) and its files: the rank wrapper in the control
+        folder, the script, the rank launcher and its argv in the job's own. Returns PREPARE's
+        word for how the job runs there ("uid N" or "shared")."""
         client = self._connect(host)
         try:
-            directory = host.job_dir(spec)
-            code, out, err = execute(client, sh(PREPARE, directory, str(MIN_FREE_KB)))
+            code, out, err = execute(client, sh(PREPARE, host.work_dir, spec.name, str(MIN_FREE_KB),
+                                                str(first_uid(spec.name)), host.setup, spec.python))
             if code != 0:
-                raise InstanceError(f"{host.where()}: cannot make the job directory {directory}: "
+                raise InstanceError(f"{host.where()}: cannot make the job directory {host.job_dir(spec)}: "
                                     f"{(err or out).strip() or f'exit code {code}'}")
-            files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_rank.py")}
-            if spec.script_content is not None:
-                files[spec.script_name] = spec.script_content.encode()
-            name, content = spec.argv_file()
-            files[name] = content
+        finally:
+            client.close()
+        files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_rank.py")}
+        if spec.script_content is not None:
+            files[spec.script_name] = spec.script_content.encode()
+        name, content = spec.argv_file()
+        files[name] = content
+        self._write(host, spec, {RANK_WRAPPER: RANK_WRAPPER_TEXT.encode()}, control=True)
+        self._write(host, spec, files)
+        return out.strip().splitlines()[-1] if out.strip() else ""
+
+    def _write(self, host, spec, files, control=False):
+        """Write {name: bytes} into the job's folder on `host` (as the job), or its control
+        folder (as the account), each atomically."""
+        client = self._connect(host)
+        try:
             for name, content in files.items():
-                code, out, err = execute(client, sh(UPLOAD, directory, name), stdin=content)
+                code, out, err = execute(client, sh(UPLOAD_CONTROL if control else UPLOAD_JOB,
+                                                    host.control_dir(spec), name), stdin=content)
                 if code != 0:
-                    raise InstanceError(f"{host.where()}: cannot write {name} into {directory}: "
+                    raise InstanceError(f"{host.where()}: cannot write {name}: "
                                         f"{(err or out).strip() or f'exit code {code}'}")
         finally:
             client.close()
 
-    def _write(self, host, spec, files):
-        """Write {name: bytes} into the job's folder on `host`, each atomically."""
-        client = self._connect(host)
-        try:
-            for name, content in files.items():
-                code, out, err = execute(client, sh(UPLOAD, host.job_dir(spec), name), stdin=content)
-                if code != 0:
-                    raise InstanceError(f"{host.where()}: cannot write {name}: {(err or out).strip() or code}")
-        finally:
-            client.close()
-
     def resize(self, spec):
-        """The job's hosts are this runner's now: each gets the job's folder (a new one its files),
+        """The job's hosts are this runner's now: each gets the job's folders (a new one its files),
         the first the hosts file its discovery script prints, and all the GPU map."""
         for host in self.hosts[1:]:
             self._prepare(host, spec)
         names = self.host_names(spec)
         hosts = "".join(f"{name}:{h.slots}\n" for name, h in zip(names, self.hosts)).encode()
-        self._write(self.first, spec, {HOSTS_FILE: hosts})
+        self._write(self.first, spec, {HOSTS_FILE: hosts}, control=True)
         if spec.bound:
             for host in self.hosts:
                 self._write(host, spec, {GPU_MAP_FILE: (spec.gpu_map(names) + "\n").encode()})
 
     def launch(self, spec):
-        for host in self.hosts:
-            self._prepare(host, spec)
+        users = [self._prepare(host, spec) for host in self.hosts]
         if spec.elastic:
-            self._write(self.first, spec, {DISCOVERY_SCRIPT: DISCOVERY_SCRIPT_TEXT.encode()})
-            self._make_executable(self.first, spec)
+            self._write(self.first, spec, {DISCOVERY_SCRIPT: DISCOVERY_SCRIPT_TEXT.encode()}, control=True)
             self.resize(spec)
         client = self._connect(self.first)
         try:
             env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
-            code, out, err = execute(client, sh(LAUNCH, self.first.job_dir(spec), self.first.setup,
+            code, out, err = execute(client, sh(LAUNCH, self.first.control_dir(spec), self.first.setup,
                                                 *env_words, *self.command(spec)))
         finally:
             client.close()
@@ -685,21 +843,14 @@ class SSHRunner(Runner):
         where = (f"elastic, {spec.min_gpus} to {spec.max_gpus} processes, hosts from {DISCOVERY_SCRIPT}"
                  if spec.elastic else f"-H {placement}")
         return Started(f"horovodrun started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
-                       f"processes on {names} ({where})")
-
-    def _make_executable(self, host, spec):
-        client = self._connect(host)
-        try:
-            execute(client, sh('cd -- "$1" && chmod +x -- "$2"', host.job_dir(spec), DISCOVERY_SCRIPT))
-        finally:
-            client.close()
+                       f"processes on {names} ({where}); {run_as(self.hosts, users)}")
 
     def follow(self, spec, offset, cursor=None):
         """Stream output.log on the first host from `offset` (polling it by SFTP or exec where
         the host cannot stream), then Exited. Trouble reaching the host that lasts is said
         (Status) and, after `lost_after` seconds, ends the follow."""
         host = self.first
-        directory = host.job_dir(spec)
+        directory = host.control_dir(spec)
         client = reader = None
         trouble_since = None
         said_trouble = False
@@ -786,7 +937,8 @@ class SSHRunner(Runner):
             try:
                 client = self._connect(host)
                 try:
-                    code, out, err = execute(client, sh(CANCEL, host.job_dir(spec), str(self.kill_grace)),
+                    code, out, err = execute(client, sh_as_root(host.control_dir(spec), CANCEL, host.control_dir(spec),
+                                                                        str(self.kill_grace)),
                                              timeout=self.kill_grace + 60)
                 finally:
                     client.close()
@@ -819,7 +971,8 @@ class SSHProbe:
             client = self.clients[host.name] = self.runner._connect(host)
         indices = self.spec.gpu_binding[position] if position < len(self.spec.gpu_binding) else ()
         argv = gpus.sample_argv(indices) if indices else []
-        code, out, err = execute(client, sh(SAMPLE, host.setup or ":", host.job_dir(self.spec), *argv), timeout=30)
+        control = host.control_dir(self.spec)
+        code, out, err = execute(client, sh_as_root(control, SAMPLE, host.setup or ":", control, *argv), timeout=30)
         if code != 0:
             raise gpus.GpuQueryError(f"{host.where()}: nvidia-smi failed: {(err or out).strip()[:300]}")
         if indices:

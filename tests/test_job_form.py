@@ -177,14 +177,25 @@ def test_the_shipped_examples_have_descriptions():
         assert script_description(path.read_text()), path.name
 
 
-def test_the_form_and_the_instances_admin_page_say_that_jobs_on_an_instance_share_its_account(
+def test_the_form_and_the_instances_admin_page_say_where_jobs_on_an_instance_share_its_account(
         client, alice, image, make_user):
     client.force_login(alice)
     assert "share" not in html.unescape(client.get("/jobs/new/").content.decode())   # local jobs are apart
-    instance = Instance.objects.create(name="big", host="big.example", user="trainer", gpus=4, healthy=True)
+    instance = Instance.objects.create(name="big", host="big.example", user="trainer", gpus=4, healthy=True,
+                                       isolation="shared")
+    Instance.objects.create(name="small", host="small.example", user="root", gpus=1, healthy=True,
+                            isolation="uid+bwrap")
     page = html.unescape(client.get("/jobs/new/").content.decode())
-    assert ("GPU instances over SSH: jobs on an instance run under its one SSH account, so they can read "
-            "each other's files and signal each other's processes there.") in page
+    assert ("GPU instances over SSH: on big, jobs run under the instance's one SSH account (it is neither root "
+            "nor allowed sudo -n, or not checked yet), so they can read each other's files and signal each "
+            "other's processes there.") in page
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
     page = html.unescape(client.get(f"/admin/jobs/instance/{instance.pk}/change/").content.decode())
-    assert "The account trainer: jobs on an instance run under its one SSH account" in page
+    assert "The account trainer: every job under the one SSH account (neither root nor allowed `sudo -n`)" in page
+
+    # Once its health check finds that the account may run `sudo -n`, each job there gets a uid.
+    Instance.objects.filter(pk=instance.pk).update(isolation="uid")
+    page = html.unescape(client.get(f"/admin/jobs/instance/{instance.pk}/change/").content.decode())
+    assert "The account trainer: each job under a uid of its own: a job cannot read another job's files" in page
+    client.force_login(alice)
+    assert "SSH account" not in html.unescape(client.get("/jobs/new/").content.decode())

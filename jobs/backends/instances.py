@@ -176,10 +176,13 @@ def check(instance, build=None):
         set_health(instance, False, str(exc))
         return False, str(exc)
     try:
-        seen, gpus = ssh.check(host, timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS, build=build)
+        seen, gpus, isolation = ssh.check(host, timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS, build=build)
     except ssh.InstanceError as exc:
         set_health(instance, False, str(exc))
         return False, str(exc)
+    if isolation != instance.isolation:
+        Instance.objects.filter(pk=instance.pk).update(isolation=isolation)
+        instance.isolation = isolation
     if not instance.host_key:
         Instance.objects.filter(pk=instance.pk, host_key="").update(host_key=seen)
         instance.host_key = seen
@@ -257,10 +260,11 @@ class InstancesAdmission(ByGpuModel, Admission):
         return allocation.slots
 
 
-# What jobs on an instance share: its SSH account runs every job there, each in a folder of mode
-# 0700 (which keeps out the machine's other users, not the account's other jobs).
-SHARED_ACCOUNT = ("jobs on an instance run under its one SSH account, so they can read each other's files "
-                  "and signal each other's processes there.")
+def isolation_of(instance):
+    """What the instance's admin page says about how jobs run there."""
+    if not instance.isolation:
+        return "not known until a health check succeeds"
+    return f"The account {instance.user}: {instance.get_isolation_display()}."
 
 
 class InstancesBackend(Backend):
@@ -292,7 +296,15 @@ class InstancesBackend(Backend):
         return interpreter_problem(image, "a GPU instance")
 
     def isolation_note(self):
-        return f"{self.label}: {SHARED_ACCOUNT}"
+        """Names the enabled instances where jobs share the SSH account (or where that is not
+        known yet): on the others each job runs under a uid of its own."""
+        shared = list(Instance.objects.filter(enabled=True).exclude(isolation__startswith="uid")
+                      .order_by("name").values_list("name", flat=True))
+        if not shared:
+            return ""
+        return (f"{self.label}: on {', '.join(shared)}, jobs run under the instance's one SSH account "
+                f"(it is neither root nor allowed sudo -n, or not checked yet), so they can read each other's "
+                f"files and signal each other's processes there.")
 
     def gpu_models(self):
         names = set()

@@ -41,10 +41,10 @@ def sshds(tmp_path_factory):
         server.stop()
 
 
-def add_instance(sshds, name, address, gpus, check=False, **extra):
+def add_instance(sshds, name, address, gpus, check=False, user="root", work_dir=None, **extra):
     """Register an instance with the management command (the key file is read and encrypted)."""
-    argv = ["add_instance", "--name", name, "--host", address, "--port", str(sshds["port"]), "--user", "root",
-            "--key-file", str(sshds["key"]), "--gpus", str(gpus), "--work-dir", str(sshds["work_dir"]),
+    argv = ["add_instance", "--name", name, "--host", address, "--port", str(sshds["port"]), "--user", user,
+            "--key-file", str(sshds["key"]), "--gpus", str(gpus), "--work-dir", str(work_dir or sshds["work_dir"]),
             "--peer-ssh-port", str(sshds["port"]), "--peer-ssh-key", str(sshds["key"]),
             "--network-interface", "lo"]
     for option, value in extra.items():
@@ -241,7 +241,7 @@ def test_two_rank_job_runs_over_ssh_to_success(http, sshds):
     assert "gpu-a" in running_event(job_id) and "-H localhost:2" in running_event(job_id)
     assert_complete(job_id, 20)
     assert not SlotAllocation.objects.exists()                                  # released at the end
-    assert (sshds["work_dir"] / job_name(job_id) / "exit_code").read_text().strip() == "0"
+    assert (sshds["work_dir"] / ".portal" / job_name(job_id) / "exit_code").read_text().strip() == "0"
     assert (sshds["work_dir"] / job_name(job_id)).stat().st_mode & 0o777 == 0o700     # no other user opens it
 
 
