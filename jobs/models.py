@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
-from runners import ssh
+from runners import launchers, ssh
 
 
 class Image(models.Model):
@@ -27,8 +27,11 @@ class Image(models.Model):
     python = models.CharField(
         max_length=300,
         default="python",
-        help_text="Python interpreter (with Horovod) for the local and SSH backends.",
+        help_text="Python interpreter (with Horovod or PyTorch) for the local and SSH backends.",
     )
+    launchers = models.CharField(
+        max_length=100, default=launchers.DEFAULT,
+        help_text="The launchers the image carries, comma-separated: " + ", ".join(launchers.LAUNCHERS) + ".")
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -36,6 +39,19 @@ class Image(models.Model):
 
     def __str__(self):
         return self.name
+
+    def launcher_names(self):
+        """The launchers this image carries, in the order given."""
+        return [name.strip() for name in self.launchers.split(",") if name.strip()]
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        names = self.launcher_names()
+        unknown = [name for name in names if name not in launchers.LAUNCHERS]
+        if unknown or not names:
+            raise ValidationError({"launchers": f"Give one or more of {', '.join(launchers.LAUNCHERS)}, "
+                                                f"comma-separated{f' (not {unknown[0]!r})' if unknown else ''}."})
 
 
 class Script(models.Model):
@@ -100,6 +116,8 @@ class Job(models.Model):
     script_path = models.CharField(max_length=1024, blank=True)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    launcher = models.CharField(max_length=20, default=launchers.DEFAULT, choices=launchers.choices(),
+                                help_text="What starts the job's ranks.")
     backend = models.CharField(max_length=20, default="local",
                                help_text="The name of an enabled backend (settings.RINGMASTER_BACKENDS).")
     cluster = models.ForeignKey("Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
@@ -415,7 +433,7 @@ class Cluster(models.Model):
         KUBECONFIG = "kubeconfig", "A kubeconfig (stored encrypted)"
         IN_CLUSTER = "in-cluster", "The portal's own service account (it runs in this cluster)"
 
-    class Launcher(models.TextChoices):
+    class MPIJobCommand(models.TextChoices):
         MPIRUN = "mpirun", "mpirun --tag-output (as mpi-operator's examples)"
         HOROVODRUN = "horovodrun", "horovodrun"
 
@@ -441,7 +459,12 @@ class Cluster(models.Model):
     priority_class = models.CharField(max_length=253, blank=True, help_text="priorityClassName of every pod.")
     kueue_queue = models.CharField(max_length=63, blank=True, verbose_name="Kueue queue",
                                    help_text="Sets the kueue.x-k8s.io/queue-name label: Kueue admits the jobs.")
-    launcher = models.CharField(max_length=20, choices=Launcher.choices, default=Launcher.MPIRUN)
+    mpijob_command = models.CharField(max_length=20, choices=MPIJobCommand.choices, default=MPIJobCommand.MPIRUN,
+                                      verbose_name="MPIJob command",
+                                      help_text="What the MPIJob's launcher pod runs to start a Horovod job's ranks.")
+    training_runtime = models.CharField(
+        max_length=253, default="torch-distributed",
+        help_text="The ClusterTrainingRuntime (Kubeflow Trainer) that torchrun jobs' TrainJobs reference.")
     cpu_per_gpu = models.FloatField(default=4, validators=[MinValueValidator(0.1)], verbose_name="CPUs per GPU")
     memory_per_gpu_gib = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)],
                                                      verbose_name="memory per GPU (GiB)")

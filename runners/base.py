@@ -29,6 +29,7 @@ class JobSpec:
     time_limit_seconds: int | None = None
     container_image: str = ""        # the Kubernetes backend's image
     installation: str = ""           # the portal's id: in every name it gives outside its database
+    launcher: str = "horovod"        # what starts the ranks: a name of runners.launchers.LAUNCHERS
     # The GPU indices the job owns on each of its hosts, in host order (the first runs
     # horovodrun); () where it owns no GPUs of its own (CPU slots, Kubernetes' device plugin).
     gpu_binding: tuple[tuple[int, ...], ...] = ()

@@ -30,7 +30,7 @@ JOB_ID_LABEL = "ringmaster.io/job-id"
 INSTALLATION_LABEL = "ringmaster.io/installation"    # the portal that made it
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
-LAUNCHERS = ("mpirun", "horovodrun")
+MPIJOB_COMMANDS = ("mpirun", "horovodrun")
 # Elastic jobs: mpi-operator v2 keeps this script in the job's ConfigMap (mounted at /etc/mpi),
 # one `echo <pod>.<job>.<namespace>.svc` per Running worker, without slots (--slots-per-host).
 DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
@@ -59,7 +59,7 @@ class ClusterSpec:
     tolerations: tuple = ()
     priority_class: str = ""
     kueue_queue: str = ""
-    launcher: str = "mpirun"                 # or "horovodrun"
+    mpijob_command: str = "mpirun"           # or "horovodrun": what the launcher pod runs
     cpu_per_gpu: float = 4.0
     memory_per_gpu_gib: int = 16
     launcher_cpu: float = 1.0
@@ -146,7 +146,7 @@ def launcher_command(spec, cluster, np):
         return ["horovodrun", "-np", str(np), "--min-np", str(spec.min_gpus), "--max-np", str(spec.max_gpus),
                 "--slots-per-host", str(slots), "--host-discovery-script", DISCOVER_HOSTS,
                 *BLACKLIST_COOLDOWN, *training]
-    if cluster.launcher == "horovodrun":
+    if cluster.mpijob_command == "horovodrun":
         # horovodrun forwards the launcher's whole environment to the ranks itself.
         return ["horovodrun", "-np", str(np), "--hostfile", "/etc/mpi/hostfile", *training]
     names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env])

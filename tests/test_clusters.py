@@ -306,7 +306,7 @@ def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_u
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
     data = {"name": "x", "enabled": "on", "connection": "kubeconfig", "kubeconfig": kubeconfig(), "context": "",
             "namespace": "training", "gpus_per_node": "8", "node_selector": "{}", "tolerations": "[]",
-            "launcher": "mpirun", "cpu_per_gpu": "4", "memory_per_gpu_gib": "16", "clean_pod_policy": "Running",
+            "mpijob_command": "mpirun", "training_runtime": "torch-distributed", "cpu_per_gpu": "4", "memory_per_gpu_gib": "16", "clean_pod_policy": "Running",
             "backoff_limit": "0", "ttl_seconds_after_finished": "3600", "image_pull_grace_seconds": "300",
             field: value}
     shown = _admin_errors(client, "/admin/jobs/cluster/add/", data)

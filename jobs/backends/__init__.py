@@ -74,6 +74,7 @@ def job_spec(job):
         time_limit_seconds=job.time_limit_minutes * 60,
         container_image=job.image.container_image,
         installation=installation_id(),
+        launcher=job.launcher,
         gpu_binding=tuple(tuple(indices) for indices in
                           job.allocations.order_by("position").values_list("gpu_indices", flat=True)),
     )

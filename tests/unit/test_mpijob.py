@@ -92,7 +92,7 @@ def test_hostile_arguments_stay_single_words_with_no_shell():
 
 
 def test_horovodrun_launcher_uses_the_operators_hostfile():
-    cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=4, launcher="horovodrun")
+    cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=4, mpijob_command="horovodrun")
     command = containers(mpijob.new_mpijob(spec(gpus=8), cluster), "Launcher")[0]["command"]
     assert command[:5] == ["horovodrun", "-np", "8", "--hostfile", "/etc/mpi/hostfile"]
 
@@ -136,14 +136,14 @@ def test_placement_kueue_and_priority():
 @given(gpus=st.integers(1, 64), per_node=st.integers(1, 8), job_id=st.integers(1, 10**12),
        args=st.lists(st.text(max_size=20), max_size=4),
        env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(max_size=10), max_size=4),
-       uploaded=st.booleans(), launcher=st.sampled_from(mpijob.LAUNCHERS),
+       uploaded=st.booleans(), command=st.sampled_from(mpijob.MPIJOB_COMMANDS),
        policy=st.sampled_from(mpijob.CLEAN_POD_POLICIES), kueue=st.sampled_from(["", "q"]))
 @settings(max_examples=150, deadline=None)
 def test_every_built_mpijob_passes_the_crd_schema_and_the_controllers_rules(
-        gpus, per_node, job_id, args, env, uploaded, launcher, policy, kueue):
+        gpus, per_node, job_id, args, env, uploaded, command, policy, kueue):
     job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env,
                     script_content="x = 1\n" if uploaded else None, script_path=None if uploaded else "/t.py")
-    cluster = mpijob.ClusterSpec(namespace="ns", gpus_per_node=per_node, launcher=launcher,
+    cluster = mpijob.ClusterSpec(namespace="ns", gpus_per_node=per_node, mpijob_command=command,
                                  clean_pod_policy=policy, kueue_queue=kueue)
     job, _ = mpijob.build(job_spec, cluster)
     assert mpijob.schema_problems(job) == [] and mpijob.controller_problems(job) == []
@@ -268,9 +268,9 @@ def assert_locked_down(job):
     spec(), spec(script_content=None, script_name="", script_path="/examples/train.py"),
     spec(gpus=8, min_gpus=8, max_gpus=16)],
     ids=["uploaded-script", "script-in-the-image", "elastic"])
-@pytest.mark.parametrize("launcher", mpijob.LAUNCHERS)
-def test_job_pods_get_no_token_cannot_gain_privileges_and_keep_only_the_capabilities_sshd_needs(job_spec, launcher):
-    job, _ = mpijob.build(job_spec, mpijob.ClusterSpec(namespace="team-a", gpus_per_node=8, launcher=launcher,
+@pytest.mark.parametrize("command", mpijob.MPIJOB_COMMANDS)
+def test_job_pods_get_no_token_cannot_gain_privileges_and_keep_only_the_capabilities_sshd_needs(job_spec, command):
+    job, _ = mpijob.build(job_spec, mpijob.ClusterSpec(namespace="team-a", gpus_per_node=8, mpijob_command=command,
                                                        kueue_queue="q"))
     assert_locked_down(job)
     (launcher_container,) = containers(job, "Launcher")

@@ -38,7 +38,10 @@ class Command(BaseCommand):
         parser.add_argument("--tolerations", default="[]", help="JSON list of tolerations")
         parser.add_argument("--priority-class", default="")
         parser.add_argument("--kueue-queue", default="", help="Kueue LocalQueue name")
-        parser.add_argument("--launcher", choices=Cluster.Launcher.values, default=Cluster.Launcher.MPIRUN)
+        parser.add_argument("--mpijob-command", choices=Cluster.MPIJobCommand.values, default=Cluster.MPIJobCommand.MPIRUN,
+                            help="what an MPIJob's launcher pod runs to start the ranks")
+        parser.add_argument("--training-runtime", default="torch-distributed",
+                            help="the ClusterTrainingRuntime that torchrun jobs' TrainJobs reference")
         parser.add_argument("--backoff-limit", type=int, default=None)
         parser.add_argument("--gpu-limit", type=int, default=None,
                             help="most GPUs of this cluster's jobs at once (default: no limit)")
@@ -60,7 +63,8 @@ class Command(BaseCommand):
         form = bound(ClusterForm, cluster, name=o["name"], connection=connection, kubeconfig=text,
                      context=o["context"], namespace=o["namespace"], gpus_per_node=o["gpus_per_node"],
                      node_selector=node_selector, tolerations=tolerations, priority_class=o["priority_class"],
-                     kueue_queue=o["kueue_queue"], launcher=o["launcher"], gpu_limit=o["gpu_limit"],
+                     kueue_queue=o["kueue_queue"], mpijob_command=o["mpijob_command"],
+                     training_runtime=o["training_runtime"], gpu_limit=o["gpu_limit"],
                      enabled=not o["disabled"], **kept)
         if not form.is_valid():
             raise CommandError(errors_by_option(form, OPTIONS))
