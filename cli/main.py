@@ -307,7 +307,7 @@ def cmd_submit(client, args):
         with open(path, "rb") as handle:
             script = client.request("POST", "/api/scripts/", expect=(201,), files={"file": (path.name, handle)})
         body["script"] = script["id"]
-    for key, value in (("name", args.name), ("backend", args.backend), ("cluster", args.cluster),
+    for key, value in (("name", args.name), ("launcher", args.launcher), ("backend", args.backend), ("cluster", args.cluster),
                        ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit),
                        ("max_gpus", args.max_gpus)):
         if value is not None:
@@ -439,6 +439,9 @@ def build_parser():
     submit.add_argument("--script-path", help="run this path inside the image instead of uploading")
     submit.add_argument("--image", required=True, help="image name or id (see the portal's catalog)")
     submit.add_argument("--gpus", required=True, type=int, help="number of GPUs (one process each)")
+    submit.add_argument("--launcher", choices=["horovod", "torchrun"],
+                        help="what starts the ranks: horovodrun or torchrun (default: the image's, horovod "
+                             "where it carries both)")
     submit.add_argument("--max-gpus", type=int, metavar="N",
                         help="make the job elastic: it may grow to N GPUs (--gpus is its minimum); "
                              "the script must use hvd.elastic")

@@ -104,6 +104,9 @@ EXIT_CODE_WRAPPER = '"$@"; code=$?; echo "$code" > exit_code.tmp && mv exit_code
 # cancel finds them by, so another portal's job of the same number is never touched).
 JOB_ID_VAR = "RINGMASTER_JOB_ID"
 JOB_DIR_VAR = "RINGMASTER_JOB_DIR"
+# The host a rank runs on, as the GPU map names it, for launchers that do not say it themselves
+# (horovodrun does, in HOROVOD_HOSTNAME; torchrun does not).
+HOST_NAME_VAR = "RINGMASTER_HOSTNAME"
 
 
 def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=(), wrapper=()):
@@ -124,6 +127,21 @@ def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=(), wrapper=()):
         "--disable-cache", "--start-timeout", str(start_timeout),
         *wrapper, *spec.rank_command(),
     ]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's ranks run over SSH, for its launcher (runners.launchers.*.over_ssh):
+    each host as (the name its GPUs are mapped by, its address, its slots), the first one
+    starting the others; how the first reaches them; the rank wrapper; and the variables every
+    host's processes get from the first's environment."""
+    hosts: tuple[tuple[str, str, int], ...]
+    start_timeout: int
+    ssh_port: int | None = None
+    ssh_key: str = ""
+    network_interface: str = ""
+    wrapper: tuple[str, ...] = ()
+    forward: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

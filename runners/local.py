@@ -32,9 +32,9 @@ import psutil
 from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
-from . import gpus, telemetry
-from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOSTS_FILE,
-                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting, horovodrun_argv)
+from . import gpus, launchers, telemetry
+from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOST_NAME_VAR, HOSTS_FILE,
+                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting)
 from .sandbox import job_uid
 
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
@@ -83,11 +83,8 @@ class LocalRunner(Runner):
         return self.sandbox is not None and os.geteuid() == 0
 
     def command(self, spec):
-        """horovodrun's argv: one process per GPU slot on localhost."""
-        # Elastic mode probes the network interfaces first and hangs here without one named.
-        extra = ["--network-interface", "lo"] if spec.elastic else []
-        return horovodrun_argv([spec.python, "-m", "horovod.runner.launch"], spec, self.HOSTS.format(spec.gpus),
-                               self.start_timeout, extra)
+        """The job's launcher's argv: one process per GPU slot on this machine."""
+        return launchers.of(spec.launcher).single_host_argv(spec, self.start_timeout)
 
     def environment(self, spec):
         """A clean environment: the portal's own secrets (database URL, keys) never reach a job."""
@@ -104,6 +101,8 @@ class LocalRunner(Runner):
         # ringmaster_metrics first; a PYTHONPATH the user set comes after it.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(JOB_PYTHON), spec.env.get("PYTHONPATH")) if p)
         env.update(spec.gpu_env(["localhost"]))
+        env.update(launchers.of(spec.launcher).environment(spec))
+        env[HOST_NAME_VAR] = "localhost"
         env[JOB_ID_VAR] = str(spec.job_id)
         env[JOB_DIR_VAR] = str(self.job_dir(spec).resolve())
         return env
@@ -225,10 +224,11 @@ class LocalRunner(Runner):
                     yield Output(rest, offset)
                     offset += len(rest)
                     continue
+                program = launchers.of(spec.launcher).PROGRAM
                 if code is None:
-                    yield Exited(None, "horovodrun stopped without reporting an exit code")
+                    yield Exited(None, f"{program} stopped without reporting an exit code")
                 else:
-                    yield Exited(code, f"horovodrun exited with code {code}")
+                    yield Exited(code, f"{program} exited with code {code}")
                 return
 
     def _marker(self, spec):

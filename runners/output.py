@@ -56,7 +56,8 @@ Metrics
 
 :func:`extract_metrics` understands ``RINGMASTER_METRIC {json object}`` lines and the lines
 printed by Horovod's ``pytorch_synthetic_benchmark.py`` and ``pytorch_mnist.py`` examples.
-:func:`parse_rank_failure` reads horovodrun's ``Process N exit with status code X.``.
+:func:`parse_rank_failure` reads horovodrun's ``Process N exit with status code X.``, and
+:func:`first_rank_failure` also the root cause that torchrun's summary of a failure names.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ __all__ = [
     "extract_metrics",
     "lines_with_metrics",
     "parse_rank_failure",
+    "first_rank_failure",
     "tag",
     "truncation_marker",
 ]
@@ -682,6 +684,31 @@ def parse_rank_failure(text: str) -> tuple[int, int] | None:
     match = _MPIRUN_SIGNAL_RE.fullmatch(text.strip())
     if match is not None:
         return int(match[1]), 128 + int(match[2])
+    return None
+
+
+# torchrun's summary of a failed job names the first failure that its workers' error files
+# recorded: "Root Cause (first observed failure):", then the failure's fields, one per line.
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_TORCHRUN_RANK_RE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)")
+_TORCHRUN_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+) \(pid: \d+\)")
+
+
+def first_rank_failure(texts: list[str]) -> tuple[int, int] | None:
+    """``(rank, exit code)`` of the first failure that the launcher's own lines `texts` name:
+    horovodrun's or mpirun's line (parse_rank_failure), or the root cause of torchrun's summary."""
+    in_root_cause, rank = False, None
+    for text in texts:
+        found = parse_rank_failure(text)
+        if found is not None:
+            return found
+        text = text.strip()
+        if text == _ROOT_CAUSE:
+            in_root_cause, rank = True, None
+        elif in_root_cause and (match := _TORCHRUN_RANK_RE.fullmatch(text)):
+            rank = int(match[1])
+        elif in_root_cause and rank is not None and (match := _TORCHRUN_EXIT_RE.fullmatch(text)):
+            return rank, int(match[1])
     return None
 
 

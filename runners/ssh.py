@@ -48,10 +48,11 @@ from pathlib import Path
 
 import paramiko
 
-from . import gpus, telemetry
+from . import gpus, launchers, telemetry
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
-                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Status, Waiting, horovodrun_argv)
+                   HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
+                   Waiting)
 
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 READ_CHUNK = 1 << 20
@@ -750,24 +751,25 @@ class SSHRunner(Runner):
             return f"localhost:{spec.gpus}"
         return ",".join(f"{name}:{h.slots}" for name, h in zip(self.host_names(spec), self.hosts))
 
-    def command(self, spec):
-        extra = []
+    def placement(self, spec, forward=()):
         first = self.first
-        if len(self.hosts) > 1 or spec.elastic:
-            if first.peer_ssh_port:
-                extra += ["-p", str(first.peer_ssh_port)]
-            if first.peer_ssh_key:
-                extra += ["-i", first.peer_ssh_key]
-        if first.network_interface:
-            extra += ["--network-interface", first.network_interface]
-        return horovodrun_argv(["horovodrun"], spec, self.host_list(spec), self.start_timeout, extra,
-                               wrapper=[f"./{RANK_WRAPPER}"])
+        return Placement(
+            hosts=tuple((name, h.address, h.slots if len(self.hosts) > 1 or spec.elastic else spec.gpus)
+                        for name, h in zip(self.host_names(spec), self.hosts)),
+            start_timeout=self.start_timeout, ssh_port=first.peer_ssh_port, ssh_key=first.peer_ssh_key,
+            network_interface=first.network_interface, wrapper=(f"./{RANK_WRAPPER}",), forward=tuple(forward))
+
+    def command(self, spec):
+        """The launcher's argv on the first host, and the files it needs in the control folder."""
+        forward = (*self.environment(spec), JOB_DIR_VAR)     # LAUNCH sets the job's folder
+        return launchers.of(spec.launcher).over_ssh(spec, self.placement(spec, forward))
 
     def environment(self, spec):
         """What the job's processes get on top of the instance's own login environment."""
         env = dict(spec.env)
         env.update(spec.gpu_env(self.host_names(spec)))
-        env.update({"PYTHONUNBUFFERED": "1", JOB_ID_VAR: str(spec.job_id)})
+        env.update(launchers.of(spec.launcher).environment(spec))
+        env.update({"PYTHONUNBUFFERED": "1", JOB_ID_VAR: str(spec.job_id), HOST_NAME_VAR: self.host_names(spec)[0]})
         return env
 
     def _prepare(self, host, spec):
@@ -823,11 +825,15 @@ class SSHRunner(Runner):
         if spec.elastic:
             self._write(self.first, spec, {DISCOVERY_SCRIPT: DISCOVERY_SCRIPT_TEXT.encode()}, control=True)
             self.resize(spec)
+        argv, files = self.command(spec)
+        if files:
+            for host in self.hosts:
+                self._write(host, spec, files, control=True)
         client = self._connect(self.first)
         try:
             env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
             code, out, err = execute(client, sh(LAUNCH, self.first.control_dir(spec), self.first.setup,
-                                                *env_words, *self.command(spec)))
+                                                *env_words, *argv))
         finally:
             client.close()
         if code != 0:
@@ -835,14 +841,15 @@ class SSHRunner(Runner):
                                 f"{(err or out).strip() or f'exit code {code}'}")
         status = out.strip().splitlines()[-1] if out.strip() else ""
         placement = self.host_list(spec)
+        program = launchers.of(spec.launcher).PROGRAM
         if status.startswith("already"):
-            return Started(f"horovodrun already started on {self.first.name} (pid {status.split()[-1]})", True)
+            return Started(f"{program} already started on {self.first.name} (pid {status.split()[-1]})", True)
         if status == "setup-failed":
             return Started(f"the setup line of {self.first.name} failed (see the log)")
         names = ", ".join(f"{h.name}:{h.slots}" for h in self.hosts)
         where = (f"elastic, {spec.min_gpus} to {spec.max_gpus} processes, hosts from {DISCOVERY_SCRIPT}"
                  if spec.elastic else f"-H {placement}")
-        return Started(f"horovodrun started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
+        return Started(f"{program} started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
                        f"processes on {names} ({where}); {run_as(self.hosts, users)}")
 
     def follow(self, spec, offset, cursor=None):
@@ -896,9 +903,10 @@ class SSHRunner(Runner):
                         continue
                     if status.startswith("exit "):
                         code = int(status.split()[1])
-                        yield Exited(code, f"horovodrun exited with code {code}")
+                        yield Exited(code, f"{launchers.of(spec.launcher).PROGRAM} exited with code {code}")
                     else:
-                        yield Exited(None, f"horovodrun stopped on {host.name} without reporting an exit code")
+                        yield Exited(None, f"{launchers.of(spec.launcher).PROGRAM} stopped on {host.name} "
+                                           f"without reporting an exit code")
                     return
                 except (InstanceError, OSError, EOFError, paramiko.SSHException) as exc:
                     # The connection dropped or the host is away: keep trying for a while.

@@ -144,6 +144,8 @@ class Backend:
     system_metrics_note = ""
     # Whether a job may be elastic here (max_gpus): its runner resizes a running job (Runner.resize).
     elastic = False
+    # The launchers (runners.launchers) whose jobs its runner can start.
+    launchers = ("horovod", "torchrun")
 
     def __str__(self):
         return self.name

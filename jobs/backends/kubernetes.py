@@ -80,6 +80,7 @@ class KubernetesBackend(Backend):
     admission_class = ClusterAdmission
     # Resized by scaling the MPIJob's Worker replicas (runners.kubernetes.KubernetesRunner.resize).
     elastic = True
+    launchers = ("horovod",)           # torchrun as a TrainJob: not yet
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
-from runners.output import extract_metrics, lines_with_metrics, parse_rank_failure
+from runners.output import extract_metrics, first_rank_failure, lines_with_metrics
 
 from jobs.database import on_postgresql
 from jobs.domain import logwire
@@ -137,8 +137,7 @@ def prepare(job_id, lines, first_seq, now, copy_text=None):
             points.append((job_id, rank, seq, step, _clean(metric.name), metric.value, ts))
     failure = None
     if None in ranks:
-        failure = next(filter(None, (parse_rank_failure(texts[index]) for index, rank in enumerate(ranks)
-                                     if rank is None)), None)
+        failure = first_rank_failure([texts[index] for index, rank in enumerate(ranks) if rank is None])
     if copy_text is None:
         copy_text = on_postgresql()
     texts = copy_texts(rows, points, now) if copy_text else (None, None)

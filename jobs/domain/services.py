@@ -49,7 +49,8 @@ def resubmit_data(job, user=None):
     """The API-shaped settings of `job`, to submit it again (as `user`: a script of another
     user's job, which staff may rerun, becomes a copy of their own)."""
     data = {
-        "name": job.name, "image": job.image_id, "gpus": job.gpus, "args": job.args, "env": job.env,
+        "name": job.name, "image": job.image_id, "launcher": job.launcher, "gpus": job.gpus, "args": job.args,
+        "env": job.env,
         "backend": job.backend, "time_limit_minutes": job.time_limit_minutes,
     }
     if job.gpu_model:

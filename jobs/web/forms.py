@@ -17,6 +17,7 @@ from jobs.domain import quotas
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
 from jobs.models import Image
+from runners import launchers
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARGS = 1000
@@ -164,6 +165,10 @@ class JobForm(forms.Form):
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     args = StringListField(required=False)
     env = StringMapField(required=False)
+    launcher = forms.CharField(
+        max_length=20, required=False,
+        help_text=" ".join(f"{info.label}: {info.expects}" for info in launchers.LAUNCHERS.values()) +
+                  " Empty: the image's (Horovod where it carries both).")
     backend = forms.CharField(max_length=20, required=False,
                               help_text="An enabled backend; empty: the portal's default.")
     cluster = forms.CharField(max_length=100, required=False,
@@ -210,6 +215,14 @@ class JobForm(forms.Form):
         if "\n" in path or "\r" in path:
             raise forms.ValidationError("The script path must be one line.")
         return path.strip()
+
+    def clean_launcher(self):
+        """A launcher's name, or None: the image's decides (in clean())."""
+        name = (self.cleaned_data["launcher"] or "").strip()
+        if name and name not in launchers.LAUNCHERS:
+            raise forms.ValidationError(f"Select a valid choice. {name} is not one of the available choices "
+                                        f"({', '.join(launchers.LAUNCHERS)}).")
+        return name or None
 
     def clean_backend(self):
         """An enabled backend (by name); the backend itself checks the rest in clean()."""
@@ -272,6 +285,7 @@ class JobForm(forms.Form):
                 self.add_error("script", "Choose a script: upload one, pick one from the library, "
                                          "or give the path of a script inside the image.")
         backend, gpus = data.get("backend"), data.get("gpus")
+        self._clean_launcher(data)
         most = data.get("max_gpus")
         if most is not None and gpus and "gpus" not in self.errors:
             if most < gpus:
@@ -290,6 +304,29 @@ class JobForm(forms.Form):
                 self.add_error("gpus", problem)
         return data
 
+    def _clean_launcher(self, data):
+        """The job's launcher: one its image carries (the image's first, Horovod before torchrun,
+        where none is given), that its backend can start."""
+        image, name = data.get("image"), data.get("launcher")
+        if image is None or "launcher" in self.errors:
+            return
+        carried = image.launcher_names()
+        if name is None:
+            name = next((known for known in launchers.LAUNCHERS if known in carried), launchers.DEFAULT)
+        elif name not in carried:
+            self.add_error("launcher", f"The image {image.name} carries {' and '.join(carried)}, not {name}: "
+                                       f"pick another launcher or an image with {name}.")
+            return
+        data["launcher"] = name
+        backend = data.get("backend")
+        if backend is not None and name not in backend.launchers:
+            able = [b.label for b in backends.enabled() if name in b.launchers]
+            self.add_error("launcher", f"{backend.label} cannot start {launchers.LAUNCHERS[name].label} jobs yet"
+                                       f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
+        elif data.get("max_gpus") is not None and not launchers.LAUNCHERS[name].elastic:
+            self.add_error("max_gpus", f"{launchers.LAUNCHERS[name].label} jobs run at one size here: "
+                                       f"leave Most GPUs empty, or use Horovod for an elastic job.")
+
     def _has_upload(self):
         return False
 
@@ -305,6 +342,7 @@ class JobForm(forms.Form):
             "script_path": data["script_path"] if not data["script"] else "",
             "args": data["args"],
             "env": data["env"],
+            "launcher": data["launcher"],
             "backend": data["backend"].name,
             **data["backend"].job_fields(data),
             "time_limit_minutes": data["time_limit_minutes"],

@@ -13,6 +13,7 @@ from jobs.models import Image, Script
 from jobs.web import formhints
 from jobs.web.formhints import DescribedSelect, script_description
 from jobs.web.forms import ArgsTextField, EnvTextField, ImageField, JobForm, ScriptUploadForm
+from runners import launchers
 
 GONE = "The script uploaded earlier is gone; upload it again."
 NOT_YOURS = "The job this would rerun is not one of yours (or no longer exists); submit it as a new job."
@@ -38,8 +39,9 @@ class JobPageForm(JobForm):
 
     group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
     backend = forms.ChoiceField(required=False)
+    launcher = forms.ChoiceField(required=False, choices=[("", "the image's")] + launchers.choices())
 
-    field_order = ["name", "image", "gpus", "max_gpus", "script", "script_file", "script_path", "args", "env", "backend",
+    field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "args", "env", "backend",
                    "cluster", "gpu_model", "time_limit_minutes", "group", "priority"]
 
     def __init__(self, *args, **kwargs):
@@ -65,6 +67,7 @@ class JobPageForm(JobForm):
         self.fields["gpus"].help_text = " ".join(note for note in (b.gpus_note() for b in offered) if note)
         self.fields["backend"].help_text = " ".join(note for note in (b.isolation_note() for b in offered) if note)
         self.fields["gpus"].initial = 2
+        self.fields["launcher"].help_text = JobForm.base_fields["launcher"].help_text
         self.fields["script_path"].help_text = "Or a path to a script inside the image."
         groups = quotas.groups_of(self.user)
         if groups:

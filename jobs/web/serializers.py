@@ -5,12 +5,19 @@ from rest_framework import serializers
 from jobs.models import Image, Job, JobEvent, LogLine, Script
 from jobs.domain.logwire import rank_label
 from jobs.domain.scheduler import queue_position
+from runners import launchers
 
 
 class ImageSerializer(serializers.ModelSerializer):
+    launchers = serializers.SerializerMethodField()
+
     class Meta:
         model = Image
-        fields = ["id", "name", "description", "container_image"]
+        fields = ["id", "name", "description", "container_image", "launchers"]
+
+    def get_launchers(self, image) -> list[str]:
+        """The launchers the image carries (a job's `launcher` is one of them)."""
+        return image.launcher_names()
 
 
 class ScriptSerializer(serializers.ModelSerializer):
@@ -38,8 +45,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "owner", "image", "gpus", "max_gpus", "size", "script", "script_name", "script_path", "args", "env",
-            "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
+            "args", "env", "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "url",
         ]
@@ -94,6 +101,9 @@ class JobCreateRequest(serializers.Serializer):
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
     args = serializers.ListField(child=serializers.CharField(), required=False)
     env = serializers.DictField(child=serializers.CharField(), required=False)
+    launcher = serializers.ChoiceField(choices=launchers.choices(), required=False,
+                                       help_text="What starts the ranks; one the image carries (GET /api/images/). "
+                                                 "Default: the image's, horovod where it carries both.")
     backend = serializers.CharField(required=False, help_text="An enabled backend (settings.RINGMASTER_BACKENDS; "
                                                                "by default local, instances, kubernetes).")
     cluster = serializers.CharField(required=False, help_text="Kubernetes backend: the cluster's name (default: the only one).")

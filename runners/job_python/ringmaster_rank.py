@@ -20,6 +20,13 @@ only removed workers: when workers are removed while a growth's new ones are sti
 (Horovod issue #3494, open), the survivors skip the sync, the new ranks sync, and each waits for
 the other for good. With the shortcut off every rank syncs after every reset: one broadcast of
 the committed state more on a shrink.
+
+Under torchrun (RINGMASTER_PREFIX_OUTPUT=1) the worker's output gets what horovodrun gives a
+rank's: each line prefixed with its global RANK (`[1]<stdout>:`), by a process of its own that
+reads the worker's stdout and stderr through pipes, so that the lines of C code, of child
+processes and of a crash are prefixed too and nothing is lost when the worker dies. The script
+runs in this process under torch.distributed.elastic's `record`, which writes the worker's
+error file (TORCHELASTIC_ERROR_FILE): torchrun names the first failure from those files.
 """
 import json
 import os
@@ -28,6 +35,7 @@ import sys
 
 ARGV_FILE = "argv.json"
 MAP = "RINGMASTER_GPU_MAP"
+PREFIX_OUTPUT = "RINGMASTER_PREFIX_OUTPUT"
 # An elastic job's GPUs change while it runs: the portal keeps them in this file of the job folder
 # (its name in this variable), and a rank started after a resize reads the map there.
 MAP_FILE = "RINGMASTER_GPU_MAP_FILE"
@@ -62,7 +70,7 @@ def bind_gpus(environ):
             sys.exit(f"ringmaster: cannot read this job's GPUs from {os.path.abspath(environ[MAP_FILE])}: {exc}")
     if mapping is None:
         return                                  # a job that owns no GPUs of its own
-    host = environ.get("HOROVOD_HOSTNAME", "")
+    host = environ.get("HOROVOD_HOSTNAME") or environ.get("RINGMASTER_HOSTNAME", "")
     indices = indices_for(mapping, host)
     if indices is None:
         sys.exit(f"ringmaster: this job owns no GPUs on host {host!r} ({MAP}={mapping!r})")
@@ -92,10 +100,80 @@ def run_here(argv):
     runpy.run_path(argv[0], run_name="__main__")
 
 
+def prefix_output(rank):
+    """Send this process's stdout and stderr (fds 1 and 2, which its children inherit) through
+    pipes to a child that writes each line to the original streams as `[rank]<stream>:line`,
+    whole lines at a time, until every writer has closed them."""
+    pipes = {1: os.pipe(), 2: os.pipe()}
+    if os.fork() == 0:                              # the prefixer
+        try:
+            for read, write in pipes.values():
+                os.close(write)
+            _copy_prefixed(rank, {read: fd for fd, (read, write) in pipes.items()})
+        finally:
+            os._exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, (read, write) in pipes.items():
+        os.close(read)
+        os.dup2(write, fd)
+        os.close(write)
+
+
+def _copy_prefixed(rank, sources):
+    import selectors
+
+    names = {1: "stdout", 2: "stderr"}
+    own = f"[rank{rank}]: ".encode()
+    selector = selectors.DefaultSelector()
+    pending = {}
+    for read, fd in sources.items():
+        selector.register(read, selectors.EVENT_READ, fd)
+        pending[read] = b""
+    while pending:
+        for key, _ in selector.select():
+            read, fd = key.fileobj, key.data
+            data = os.read(read, 65536)
+            head = f"[{rank}]<{names[fd]}>:".encode()
+            if not data:                            # every writer closed it
+                if pending[read]:
+                    _write_all(fd, head + _untagged(pending.pop(read), own) + b"\n")
+                else:
+                    pending.pop(read)
+                selector.unregister(read)
+                continue
+            lines = (pending[read] + data).split(b"\n")
+            pending[read] = lines.pop()
+            if lines:
+                _write_all(fd, b"".join(head + _untagged(line, own) + b"\n" for line in lines))
+
+
+def _untagged(line, own):
+    """The line without the `[rank1]: ` that torch.distributed puts before each line of an
+    uncaught exception's traceback: the line's prefix says its rank already."""
+    return line[len(own):] if line.startswith(own) else line
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def run_recorded(argv):
+    """Run the script here under torch.distributed.elastic's `record` (its error file for
+    torchrun), exiting with the script's status."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(lambda: run_here(argv))()
+
+
 def main():
     argv = read_argv()
     bind_gpus(os.environ)
-    if os.environ.get("HOROVOD_ELASTIC") == "1":
+    if os.environ.get(PREFIX_OUTPUT) == "1":
+        prefix_output(os.environ.get("RANK", "?"))
+        run_recorded(argv)
+    elif os.environ.get("HOROVOD_ELASTIC") == "1":
         always_sync_after_a_reset()
         run_here(argv)
     else:

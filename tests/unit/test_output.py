@@ -19,6 +19,7 @@ from runners.output import (
     Metric,
     OutputSplitter,
     extract_metrics,
+    first_rank_failure,
     lines_with_metrics,
     parse_rank_failure,
     tag,
@@ -866,3 +867,41 @@ def test_exit_statuses_that_are_signals():
                                 "memory runs out)")
     assert signal_exit(-15) == "killed by signal 15 (SIGTERM)"
     assert signal_exit(1) is None and signal_exit(None) is None and signal_exit(128) is None
+
+
+# What torchrun 2.13 printed for a job whose rank 1 raised while rank 0 was killed (its error
+# summary, from the workers' error files); the root cause is the first failure they recorded.
+TORCHRUN_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+ringmaster_rank FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-04_07:13:55
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_07:13:54
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 8)
+  error_file: /tmp/torchelastic_iha__zia/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    ZeroDivisionError: boom on purpose
+============================================================"""
+
+
+def test_the_first_failure_is_torchruns_root_cause_not_the_first_failure_it_lists():
+    assert first_rank_failure(TORCHRUN_SUMMARY.splitlines()) == (1, 1)
+
+
+def test_the_first_failure_of_horovodrun_is_its_first_process_line():
+    texts = ["something", "Process 3 exit with status code 2.", "Process 0 exit with status code 1."]
+    assert first_rank_failure(texts) == (3, 2)
+    assert first_rank_failure(["Root Cause (first observed failure):", "[0]:"]) is None

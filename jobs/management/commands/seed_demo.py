@@ -43,6 +43,16 @@ class Command(BaseCommand):
         if created:
             self.stdout.write(f"Image {image.name!r} runs {image.python}")
         image, created = Image.objects.get_or_create(
+            name="torch-cpu",
+            defaults={
+                "description": "PyTorch 2.13 (CPU) for torchrun jobs (DDP over Gloo): the environment this portal runs in.",
+                "python": sys.executable,
+                "launchers": "torchrun",
+            },
+        )
+        if created:
+            self.stdout.write(f"Image {image.name!r} runs torchrun jobs with {image.python}")
+        image, created = Image.objects.get_or_create(
             name="horovod-0.28.1",
             defaults={
                 "description": "Horovod's own image (Open MPI, sshd, PyTorch), for Kubernetes clusters.",
