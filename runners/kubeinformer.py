@@ -5,8 +5,12 @@ and 250 requests a second per 500 jobs, at the worker and at the API server. So,
 shared informers do for a controller, a worker process keeps, per cluster, namespace and portal,
 one list-then-watch of each kind the follow looks at:
 
-- the portal's MPIJobs and their pods (label selector: made by this portal);
+- the portal's MPIJobs (or TrainJobs) and their pods (label selector: made by this portal);
 - the events of MPIJobs (the operator's ValidationError), which carry no labels.
+
+A workload is the builder module of its kind (runners.mpijob, runners.trainjob): its GROUP,
+VERSION, PLURAL and KIND, and JOB_NAME_LABEL, the pod label naming the job a pod belongs to.
+Each workload has informers of its own.
 
 Each keeps a cache of the objects by the job they belong to (the namespace's, as any informer
 does: an object made before its job's follow subscribed is there too); a follow subscribes to its
@@ -39,15 +43,15 @@ def _own_name(obj):
     return obj.get("metadata", {}).get("name", "")
 
 
-def _pod_job(obj):
-    return (obj.get("metadata", {}).get("labels") or {}).get(mpijob.JOB_NAME_LABEL, "")
-
-
 def _event_job(obj):
     return (obj.get("involvedObject") or {}).get("name", "")
 
 
-MPIJOBS, PODS, EVENTS = Kind("mpijobs", _own_name), Kind("pods", _pod_job), Kind("events", _event_job)
+def kinds(workload):
+    """(the workload's kind, its pods, its events) as the informer of `workload` keeps them."""
+    def pod_job(obj):
+        return (obj.get("metadata", {}).get("labels") or {}).get(workload.JOB_NAME_LABEL, "")
+    return Kind(workload.PLURAL, _own_name), Kind("pods", pod_job), Kind("events", _event_job)
 
 
 def selector(installation):
@@ -59,20 +63,23 @@ def selector(installation):
 
 
 class Informer:
-    """The cache of one namespace's MPIJobs, pods and MPIJob events, kept by three watches."""
+    """The cache of one namespace's workloads (MPIJobs or TrainJobs), their pods and events,
+    kept by three watches."""
 
-    def __init__(self, api_client, namespace, label_selector, timings):
+    def __init__(self, api_client, namespace, label_selector, timings, workload=mpijob):
         self.namespace, self.label_selector, self.timings = namespace, label_selector, timings
         custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+        self.jobs, pods, events = kinds(workload)
         # Plain functions without the client's docstring: the watch then hands over the API's
         # JSON as it came instead of building the client's models from it.
         self._lists = {
-            MPIJOBS: lambda **kw: custom.list_namespaced_custom_object(
-                mpijob.GROUP, mpijob.VERSION, namespace, mpijob.PLURAL, label_selector=label_selector, **kw),
-            PODS: lambda **kw: core.list_namespaced_pod(namespace, label_selector=label_selector, **kw),
-            EVENTS: lambda **kw: core.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.kind={mpijob.KIND}", **kw),
+            self.jobs: lambda **kw: custom.list_namespaced_custom_object(
+                workload.GROUP, workload.VERSION, namespace, workload.PLURAL, label_selector=label_selector, **kw),
+            pods: lambda **kw: core.list_namespaced_pod(namespace, label_selector=label_selector, **kw),
+            events: lambda **kw: core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.kind={workload.KIND}", **kw),
         }
+        self._pods, self._events = pods, events
         self._lock = threading.Lock()
         self._objects = {kind: {} for kind in self._lists}     # kind -> {job name: {object name: obj}}
         self._gone = set()                                     # followed MPIJobs seen deleted
@@ -92,22 +99,22 @@ class Informer:
         """True once every kind was listed (what the cache says is then what the API said)."""
         return all(self._synced[kind].wait(timeout) for kind in self._lists)
 
-    def mpijob(self, name):
+    def workload(self, name):
         with self._lock:
-            return self._objects[MPIJOBS].get(name, {}).get(name)
+            return self._objects[self.jobs].get(name, {}).get(name)
 
     def deleted(self, name):
-        """The MPIJob was seen deleted (a DELETED event, or missing from a new list)."""
+        """The workload was seen deleted (a DELETED event, or missing from a new list)."""
         with self._lock:
             return name in self._gone
 
     def pods(self, name):
         with self._lock:
-            return tuple(self._objects[PODS].get(name, {}).values())
+            return tuple(self._objects[self._pods].get(name, {}).values())
 
     def events(self, name):
         with self._lock:
-            return tuple(self._objects[EVENTS].get(name, {}).values())
+            return tuple(self._objects[self._events].get(name, {}).values())
 
     def subscribe(self, name, callback):
         token = object()
@@ -138,11 +145,11 @@ class Informer:
                 objects.pop(name, None)
                 if not objects:
                     self._objects[kind].pop(job, None)
-                if kind is MPIJOBS and job in self._subscribers:
+                if kind is self.jobs and job in self._subscribers:
                     self._gone.add(job)
             else:
                 self._objects[kind].setdefault(job, {})[name] = obj
-                if kind is MPIJOBS:
+                if kind is self.jobs:
                     self._gone.discard(job)
             return job if job in self._subscribers else None
 
@@ -163,7 +170,7 @@ class Informer:
             followed = set(self._subscribers)
             changed = {job for job in followed if before.get(job) != fresh.get(job)}
             self._objects[kind] = fresh
-            if kind is MPIJOBS:
+            if kind is self.jobs:
                 self._gone |= {job for job in followed if job in before and job not in fresh}
                 self._gone -= set(fresh)
         self._synced[kind].set()
@@ -225,8 +232,10 @@ class Subscription:
     def __init__(self, key, informer, name, token):
         self.key, self.informer, self.name, self._token = key, informer, name, token
 
-    def mpijob(self):
-        return self.informer.mpijob(self.name)
+    def workload(self):
+        return self.informer.workload(self.name)
+
+    mpijob = workload
 
     def deleted(self):
         return self.informer.deleted(self.name)
@@ -244,15 +253,16 @@ class Subscription:
                 self.informer.stop.set()
 
 
-def subscribe(connection, api_client, namespace, installation, name, callback, timings):
-    """Follow the MPIJob `name` through the informer of its namespace (started if none runs for
-    `connection`, the cluster's identity, yet); `callback()` is called on every change to it."""
+def subscribe(connection, api_client, namespace, installation, name, callback, timings, workload=mpijob):
+    """Follow the workload `name` (an MPIJob, or a TrainJob: `workload` is its builder module)
+    through the informer of its namespace (started if none runs for `connection`, the cluster's
+    identity, yet); `callback()` is called on every change to it."""
     label_selector = selector(installation)
-    key = (connection, namespace, label_selector)
+    key = (connection, namespace, label_selector, workload.KIND)
     with _lock:
         informer = _informers.get(key)
         if informer is None:
-            informer = _informers[key] = Informer(api_client, namespace, label_selector, timings)
+            informer = _informers[key] = Informer(api_client, namespace, label_selector, timings, workload)
             informer.start()
         token = informer.subscribe(name, callback)
     informer.wait_synced(timings.request_seconds)

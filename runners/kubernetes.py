@@ -1,4 +1,8 @@
-"""Jobs as Kubeflow MPIJobs (kubeflow.org/v2beta1), through the official kubernetes client.
+"""Jobs as Kubeflow MPIJobs (kubeflow.org/v2beta1) or Kubeflow Trainer TrainJobs
+(trainer.kubeflow.org/v1alpha1), through the official kubernetes client. The job's launcher
+names the builder of its kind (runners.launchers: `KUBERNETES`, runners.mpijob for horovod,
+runners.trainjob for torchrun); kubestatus reads each kind (MPIJOB, TRAINJOB). Below, "the
+MPIJob" stands for either.
 
 - launch: create the MPIJob named after the job (spec.name: rm-<installation>-<id>); a 409 adopts the one a previous
   try created, so a retried task never makes a second job. 5xx answers and timeouts are
@@ -6,13 +10,15 @@
 - follow: two things at once. What the cluster says of the MPIJob, its pods and its events
   comes from the informer of its namespace (kubeinformer: one watch per kind for every job the
   worker process follows there), which gives its conditions and trouble a user can act on; the
-  launcher pod's log (`follow`, `timestamps`) gives every rank's output. The log
+  launcher pod's log (`follow`, `timestamps`) gives every rank's output (a TrainJob's: each
+  node's pod's log, one after the other in node order). The log
   position (kubestatus.LogCursor) is stored with every batch, so a cut stream or a new
   follower resumes without losing or repeating a line, and a retried launcher (a new pod) is
   read after the old one.
 - cancel: delete the MPIJob (foreground, so its pods go first) and the ConfigMap.
 """
 import collections
+import importlib
 import json
 import logging
 import threading
@@ -23,7 +29,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import kubeinformer, kubelogs, kubestatus, mpijob
+from . import kubeinformer, kubelogs, kubestatus, launchers, mpijob, trainjob
 from .base import Bell, Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,14 @@ def _message(exc):
     return str(exc) or type(exc).__name__
 
 
+READINGS = {mpijob: kubestatus.MPIJOB, trainjob: kubestatus.TRAINJOB}
+
+
+def builder_for(spec):
+    """The builder module of the Kubernetes object `spec`'s launcher runs as."""
+    return importlib.import_module(launchers.of(spec.launcher).KUBERNETES)
+
+
 def _items(response):
     """The items of a list answered as raw JSON (_preload_content=False): the API's own field
     names, as sanitize_for_serialization gives them, without building the client's models first
@@ -99,37 +113,40 @@ class KubernetesRunner(Runner):
     # --- launch ------------------------------------------------------------------------
 
     def launch(self, spec):
-        body, configmap = mpijob.build(spec, self.cluster)
+        builder = builder_for(spec)
+        body, configmap = builder.build(spec, self.cluster)
         created, adopted = self._create_mpijob(spec, body)
         if configmap is not None:
-            configmap = mpijob.new_script_configmap(spec, self.cluster, owner=created)
+            configmap = builder.new_script_configmap(spec, self.cluster, owner=created)
             self._retrying(lambda: self._create_ignoring_conflict(
                 lambda: self.core.create_namespaced_config_map(
                     self.namespace, configmap, _request_timeout=self.timings.request_seconds)))
         where = f"{self.namespace}/{spec.name} on {self.cluster_name}"
-        return Started(detail=f"adopted the MPIJob {where}" if adopted else f"created the MPIJob {where}",
-                       already_running=adopted)
+        done = "adopted" if adopted else "created"
+        return Started(detail=f"{done} the {builder.KIND} {where}", already_running=adopted)
 
     def _create_mpijob(self, spec, body):
-        """(the MPIJob, adopted?). A 409 means an earlier try created it: take that one, if it
-        is this job's."""
+        """(the MPIJob or TrainJob, adopted?). A 409 means an earlier try created it: take that
+        one, if it is this job's."""
+        builder = builder_for(spec)
+
         def create():
             try:
                 return self.custom.create_namespaced_custom_object(
-                    mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, body, field_validation="Strict",
+                    builder.GROUP, builder.VERSION, self.namespace, builder.PLURAL, body, field_validation="Strict",
                     _request_timeout=self.timings.request_seconds), False
             except ApiException as exc:
                 if exc.status == 404:
                     raise KubernetesError(
-                        f"{self.cluster_name}: {_message(exc)} (is mpi-operator v0.8 installed, serving "
-                        f"{mpijob.API_VERSION}, and does namespace {self.namespace} exist?)") from exc
+                        f"{self.cluster_name}: {_message(exc)} (is {builder.OPERATOR} installed, serving "
+                        f"{builder.API_VERSION}, and does namespace {self.namespace} exist?)") from exc
                 if exc.status != 409:
                     raise
             existing = self._get_mpijob(spec)
             if existing is None:
-                raise KubernetesError(f"MPIJob {spec.name} exists and vanished again; retrying")
+                raise KubernetesError(f"{builder.KIND} {spec.name} exists and vanished again; retrying")
             if not mpijob.made_for(existing, spec):
-                raise KubernetesError(f"an MPIJob named {spec.name} already exists in {self.namespace} "
+                raise KubernetesError(f"a {builder.KIND} named {spec.name} already exists in {self.namespace} "
                                       "and was not created by this portal")
             return existing, True
         return self._retrying(create)
@@ -157,9 +174,11 @@ class KubernetesRunner(Runner):
                 delay = min(delay * 2, 10)
 
     def _get_mpijob(self, spec):
+        """The job's MPIJob or TrainJob, or None."""
+        builder = builder_for(spec)
         try:
             return self.custom.get_namespaced_custom_object(
-                mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, spec.name,
+                builder.GROUP, builder.VERSION, self.namespace, builder.PLURAL, spec.name,
                 _request_timeout=self.timings.request_seconds)
         except ApiException as exc:
             if exc.status == 404:
@@ -200,14 +219,16 @@ class KubernetesRunner(Runner):
                     spec.job_id, self.timings.cancel_seconds)
 
     def delete(self, spec):
-        """Ask for the MPIJob (foreground: its pods go first) and the ConfigMap to be deleted."""
+        """Ask for the MPIJob or TrainJob (foreground: its pods go first) and the ConfigMap to be
+        deleted."""
+        builder = builder_for(spec)
         options = client.V1DeleteOptions(propagation_policy="Foreground")
         for delete in (
             lambda: self.custom.delete_namespaced_custom_object(
-                mpijob.GROUP, mpijob.VERSION, self.namespace, mpijob.PLURAL, spec.name, body=options,
+                builder.GROUP, builder.VERSION, self.namespace, builder.PLURAL, spec.name, body=options,
                 _request_timeout=self.timings.request_seconds),
             lambda: self.core.delete_namespaced_config_map(
-                mpijob.script_configmap_name(spec), self.namespace, _request_timeout=self.timings.request_seconds),
+                builder.script_configmap_name(spec), self.namespace, _request_timeout=self.timings.request_seconds),
         ):
             try:
                 self._retrying(delete)
@@ -218,7 +239,7 @@ class KubernetesRunner(Runner):
     # --- follow ------------------------------------------------------------------------
 
     def pods(self, spec):
-        selector = f"{mpijob.JOB_NAME_LABEL}={spec.name}"
+        selector = f"{builder_for(spec).JOB_NAME_LABEL}={spec.name}"
         return _items(self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False,
                                                     _request_timeout=self.timings.request_seconds))
 
@@ -238,6 +259,8 @@ class _Follow:
 
     def __init__(self, runner, spec, offset, cursor):
         self.runner, self.spec, self.offset = runner, spec, offset
+        self.builder = builder_for(spec)
+        self.reading = READINGS[self.builder]
         self.timings = runner.timings
         self.bell = Bell()
         self.changed = threading.Event()     # the informer saw the MPIJob, its pods or events change
@@ -254,7 +277,8 @@ class _Follow:
 
     def run(self):
         self.view = kubeinformer.subscribe(self.runner.connection, self.runner.api_client, self.runner.namespace,
-                                           self.spec.installation, self.spec.name, self._changed, self.timings)
+                                           self.spec.installation, self.spec.name, self._changed, self.timings,
+                                           self.builder)
         try:
             yield from self._run()
         finally:
@@ -265,7 +289,7 @@ class _Follow:
         or gone before this follow began), as the API server answers."""
         if self.view.deleted():
             self.deleted = True
-        found = self.view.mpijob()
+        found = self.view.workload()
         if found is not None:
             self.mpijob = found
         elif self.mpijob is None and not self.deleted:
@@ -301,7 +325,8 @@ class _Follow:
                 decision = kubestatus.observe(
                     observation,
                     kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
-                                    drained=self.logs.drained, now=now, min_gpus=self.spec.min_gpus),
+                                    drained=self.logs.drained, now=now, min_gpus=self.spec.min_gpus,
+                                    reading=self.reading),
                     self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
                 observation = decision.observation
                 if observation.ended_at is not None:
@@ -368,7 +393,8 @@ class _LauncherLogs:
         cursor = self.cursor
         if not cursor.pod:
             done = cursor.done
-            fresh = [p for p in kubestatus.launcher_pods(self.follow.view.pods()) if p["metadata"]["name"] not in done]
+            fresh = [p for p in self.follow.reading.log_pods(self.follow.view.pods())
+                     if p["metadata"]["name"] not in done]
             if not fresh:
                 self.drained = self.follow.ended
                 return                         # the informer rings when a launcher pod appears
@@ -376,7 +402,8 @@ class _LauncherLogs:
         runner, timings = self.follow.runner, self.follow.timings
         self.reader = kubestatus.LogReader(cursor)
         self.stream = kubelogs.open_stream(
-            runner.api_client, runner.namespace, cursor.pod, mpijob.LAUNCHER, cursor.since_seconds(time.time()),
+            runner.api_client, runner.namespace, cursor.pod, self.follow.reading.log_container,
+            cursor.since_seconds(time.time()),
             (timings.request_seconds, timings.log_idle_seconds),
             on_data=lambda data: self._arrive("data", data), on_end=lambda error: self._arrive("end", error))
 

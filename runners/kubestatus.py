@@ -1,4 +1,5 @@
-"""Reading what a cluster says about an MPIJob: pure functions over the API's JSON (dicts).
+"""Reading what a cluster says about an MPIJob or a TrainJob: pure functions over the API's
+JSON (dicts). What differs between the two is a Reading (MPIJOB, TRAINJOB).
 
 - conditions -> where the job is (created, running, succeeded, failed);
 - pods -> trouble a user can act on (not schedulable, image pull errors, OOMKilled, evicted);
@@ -11,8 +12,11 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from typing import Callable
+
 from .base import Exited, Running, Status
-from .mpijob import JOB_ROLE_LABEL
+from .mpijob import JOB_ROLE_LABEL, LAUNCHER
+from .trainjob import CONTAINER as TRAINER_CONTAINER
 
 EVICTED = "MPIJobEvicted"            # mpi-operator's Failed reason while a worker is evicted
 PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -91,6 +95,100 @@ def exit_code(pod):
 
 def is_finished(pod):
     return (pod.get("status", {}) or {}).get("phase") in ("Succeeded", "Failed")
+
+
+# --- TrainJobs ---------------------------------------------------------------------------------
+
+def trainjob_outcome(trainjob):
+    """The TrainJob's end (Complete or Failed, with reason and message), or None while it runs."""
+    done = condition(trainjob, "Complete")
+    if done:
+        return Outcome(True, done.get("message") or "TrainJob completed")
+    failed = condition(trainjob, "Failed")
+    if failed:
+        reason = failed.get("reason") or "Failed"
+        message = (failed.get("message") or "").strip()
+        return Outcome(False, f"TrainJob failed: {reason}" + (f": {message}" if message else ""))
+    return None
+
+
+def trainer_pods(pods):
+    """The trainer nodes' pods in node order (`<job>-node-0-<index>-<suffix>`)."""
+    def index(pod):
+        labels = pod.get("metadata", {}).get("labels") or {}
+        found = labels.get("batch.kubernetes.io/job-completion-index", "")
+        return (int(found) if found.isdigit() else 0, pod.get("metadata", {}).get("creationTimestamp") or "",
+                _name(pod))
+    return sorted(pods, key=index)
+
+
+def trainjob_running(trainjob, pods):
+    """Every node of the TrainJob has its pod running (or already finished), unsuspended."""
+    if trainjob is None or condition(trainjob, "Suspended"):
+        return False
+    nodes = ((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1
+    started = [p for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")]
+    return len(started) >= nodes
+
+
+def trainjob_waiting(trainjob):
+    """Why a TrainJob that has no pod trouble waits (suspended until Kueue admits it), or ""."""
+    suspended = condition(trainjob, "Suspended")
+    if suspended:
+        return f"suspended: {suspended.get('message') or 'TrainJob is suspended'} (waiting for admission)"
+    return ""
+
+
+STOPPED_CODE = 143                   # 128 + SIGTERM: a node stopped because another failed
+
+
+def _finished_at(pod):
+    for status in _statuses(pod):
+        terminated = (status.get("state") or {}).get("terminated")
+        if terminated:
+            return terminated.get("finishedAt") or ""
+    return ""
+
+
+def first_failed_exit_code(pods):
+    """The exit code of the node whose container failed first (one stopped by SIGTERM after
+    another failed comes after it), or of the last that ended."""
+    ended = [(p, exit_code(p)) for p in trainer_pods(pods) if exit_code(p) is not None]
+    failed = sorted(((_finished_at(p), code == STOPPED_CODE), code) for p, code in ended if code != 0)
+    return failed[0][1] if failed else (ended[-1][1] if ended else None)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How to read one kind of workload: its end, whether it runs, why it waits, which pods'
+    logs carry the ranks' output (in the order they are read) and in which container."""
+
+    kind: str
+    outcome: Callable
+    running: Callable               # (workload, pods) -> bool
+    running_detail: Callable        # pods -> what Running says
+    waiting: Callable               # workload -> a reason while it waits without pod trouble ("")
+    log_pods: Callable              # pods -> the pods whose logs to read, oldest first
+    log_container: str
+    exit_code: Callable             # pods -> the job's exit code, or None
+    logs: str                       # what the logs are called
+
+
+def _workers_detail(pods):
+    workers = sum(1 for p in pods if p.get("metadata", {}).get("labels", {}).get(JOB_ROLE_LABEL) == "worker")
+    return f"MPIJob running ({workers or 'all'} workers)"
+
+
+def _launcher_exit_code(pods):
+    launchers = launcher_pods(pods)
+    return exit_code(launchers[-1]) if launchers else None
+
+
+MPIJOB = Reading("MPIJob", outcome, lambda job, pods: is_running(job), _workers_detail, lambda job: "",
+                 launcher_pods, LAUNCHER, _launcher_exit_code, "the launcher's log")
+TRAINJOB = Reading("TrainJob", trainjob_outcome, trainjob_running,
+                   lambda pods: f"TrainJob running ({len(pods)} nodes)", trainjob_waiting,
+                   trainer_pods, TRAINER_CONTAINER, first_failed_exit_code, "the nodes' logs")
 
 
 @dataclass
@@ -261,6 +359,7 @@ class Seen:
     drained: bool = False           # the log reader has read every launcher's log to its end
     now: float = 0.0
     min_gpus: int | None = None     # an elastic job's minimum (None: a job of one size)
+    reading: "Reading" = None       # what kind it is (None: an MPIJob)
 
 
 @dataclass(frozen=True)
@@ -291,32 +390,32 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
     """The next Observation from the previous one and what was `seen`, with what to tell and do."""
     now, tell = seen.now, []
     after = before
+    reading = seen.reading or MPIJOB
     if seen.polled:
         rejected = validation_error(seen.events)
         if rejected:
             return Decision(after, (Exited(None, f"the MPI operator rejected the MPIJob: {rejected}"[:500]),),
                             delete=True, done=True)
-        lost = lost_workers(seen) if after.running_told and outcome(seen.mpijob) is None else {}
+        lost = lost_workers(seen) if after.running_told and reading.outcome(seen.mpijob) is None else {}
         trouble = pod_trouble([pod for pod in seen.pods if _name(pod) not in lost])
         trouble.notes += list(lost.values())
-        after, pulled = _look_at_pods(after, seen, trouble, pull_grace_seconds)
+        after, pulled = _look_at_pods(after, seen, trouble, pull_grace_seconds, reading)
         if pulled is not None:
             return Decision(after, (pulled,), delete=True, done=True)
-        reason = after.notes_text() if after.running_told else trouble.waiting
+        reason = after.notes_text() if after.running_told else (trouble.waiting or reading.waiting(seen.mpijob))
         if reason != after.told and (reason or after.told):
             after = replace(after, told=reason)
             tell.append(Status(reason[:500]))
         if lost:
             return Decision(after, tuple(tell), replace=tuple(lost))
-    if not after.running_told and is_running(seen.mpijob):
+    if not after.running_told and reading.running(seen.mpijob, seen.pods):
         after = replace(after, running_told=True, told="")
-        workers = sum(1 for p in seen.pods if p.get("metadata", {}).get("labels", {}).get(JOB_ROLE_LABEL) == "worker")
-        tell.append(Running(f"MPIJob running ({workers or 'all'} workers)"))
-    end = outcome(seen.mpijob)
+        tell.append(Running(reading.running_detail(seen.pods)))
+    end = reading.outcome(seen.mpijob)
     if end is not None or seen.deleted:
         after = replace(after, ended_at=after.ended_at if after.ended_at is not None else now)
         if seen.drained or now - after.ended_at > drain_seconds:
-            tell.append(_end(end, after, seen.drained))
+            tell.append(_end(end, after, seen.drained, reading))
             return Decision(after, tuple(tell), done=True)
     return Decision(after, tuple(tell))
 
@@ -353,12 +452,11 @@ def lost_workers(seen):
     return {_name(pod): f"lost {_name(pod)} ({_why_failed(pod)}): {then}" for pod in sorted(failed, key=_name)}
 
 
-def _look_at_pods(before, seen, trouble, pull_grace_seconds):
+def _look_at_pods(before, seen, trouble, pull_grace_seconds, reading):
     """Notes and exit code from the pods, and the Exited of an image that could not be pulled
     for the whole grace period (None while it may still be)."""
     notes = before.notes + tuple(note for note in dict.fromkeys(trouble.notes) if note not in before.notes)
-    launchers = launcher_pods(seen.pods)
-    code = exit_code(launchers[-1]) if launchers else None
+    code = reading.exit_code(seen.pods)
     after = replace(before, notes=notes, last_code=code if code is not None else before.last_code)
     if not trouble.pull_error:
         return replace(after, pull_since=None), None
@@ -368,11 +466,11 @@ def _look_at_pods(before, seen, trouble, pull_grace_seconds):
     return after, None
 
 
-def _end(end, observation, drained):
-    """The Exited of an MPIJob that finished (or was deleted)."""
+def _end(end, observation, drained, reading):
+    """The Exited of an MPIJob or TrainJob that finished (or was deleted)."""
     if end is None:
-        return Exited(None, "the MPIJob was deleted outside Ringmaster")
-    detail = end.detail if drained else end.detail + " (the launcher's log may be incomplete)"
+        return Exited(None, f"the {reading.kind} was deleted outside Ringmaster")
+    detail = end.detail if drained else f"{end.detail} ({reading.logs} may be incomplete)"
     if end.succeeded:
         return Exited(0, detail[:500])
     code = observation.last_code

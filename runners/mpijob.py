@@ -21,6 +21,7 @@ from .base import BLACKLIST_COOLDOWN
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 API_VERSION = f"{GROUP}/{VERSION}"
+OPERATOR = "mpi-operator v0.8"                   # what serves them (named when a cluster lacks it)
 LAUNCHER, WORKER = "launcher", "worker"          # container names
 SCRIPT_DIR = "/ringmaster/script"                # where an uploaded script is mounted
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"   # set by the operator on every pod
@@ -60,6 +61,7 @@ class ClusterSpec:
     priority_class: str = ""
     kueue_queue: str = ""
     mpijob_command: str = "mpirun"           # or "horovodrun": what the launcher pod runs
+    training_runtime: str = "torch-distributed"   # the ClusterTrainingRuntime a TrainJob references
     cpu_per_gpu: float = 4.0
     memory_per_gpu_gib: int = 16
     launcher_cpu: float = 1.0
@@ -335,13 +337,15 @@ def strict(schema):
     return closed
 
 
-@lru_cache(maxsize=1)
-def _crd_validator():
+@lru_cache(maxsize=None)
+def crd_validator(crd_file, version_name):
+    """A validator of version `version_name` of the CRD in `crd_file`, strict as the API server
+    is (see strict), with metadata limited to ObjectMeta's fields."""
     import jsonschema
     import yaml
 
-    crd = yaml.load(CRD_FILE.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
+    crd = yaml.load(Path(crd_file).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == version_name)
     schema = strict(version["schema"]["openAPIV3Schema"])
     schema["properties"]["metadata"] = {"type": "object", "additionalProperties": False,
                                         "properties": {name: {} for name in OBJECT_META_FIELDS}}
@@ -351,8 +355,13 @@ def _crd_validator():
 def schema_problems(mpijob):
     """Where `mpijob` breaks the CRD's openAPIV3Schema as the API server applies it (strict:
     an unknown field is refused, named by its path)."""
+    return crd_problems(crd_validator(CRD_FILE, VERSION), mpijob)
+
+
+def crd_problems(validator, document):
+    """Where `document` breaks the schema of `validator` (crd_validator), one line a problem."""
     problems = []
-    for error in sorted(_crd_validator().iter_errors(mpijob), key=lambda e: list(e.absolute_path)):
+    for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(part) for part in error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             known = error.schema.get("properties", {})
@@ -416,3 +425,11 @@ def build(spec, cluster):
     if configmap is not None and len(spec.script_content.encode()) > MAX_CONFIGMAP_BYTES:
         raise InvalidMPIJob([f"the script is larger than {MAX_CONFIGMAP_BYTES:,} bytes, too large for a ConfigMap"])
     return mpijob, configmap
+
+
+def document_problems(mpijob):
+    """What the API server or the operator would refuse in `mpijob` ([] if nothing)."""
+    return schema_problems(mpijob) + controller_problems(mpijob)
+
+
+new_document = new_mpijob        # each Kubernetes builder's name for its object (runners.trainjob's too)

@@ -131,7 +131,7 @@ def test_an_elastic_kubernetes_job_grows_by_whole_workers_within_the_clusters_li
     Cluster.objects.filter(pk=cluster.pk).update(gpu_limit=24)
     response = submit(alice_api, max_gpus=24)
     assert response.status_code == 201 and response.json()["max_gpus"] == 24
-    document = render(Job.objects.get())     # 16 to 24 GPUs on 8-GPU nodes: 2 to 3 workers of 8
+    kind, document = render(Job.objects.get())     # 16 to 24 GPUs on 8-GPU nodes: 2 to 3 workers of 8
     assert document["spec"]["slotsPerWorker"] == 8 and document["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert document["metadata"]["annotations"] == {mpijob.BOUNDS_ANNOTATION: "2-3"}
 

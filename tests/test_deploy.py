@@ -48,6 +48,7 @@ MUST_HAVE_ENV = {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "RINGMASTER_FERNET_K
 # (apiGroup, resource, verb): exactly what the MPIJob backend needs, nothing more.
 EXPECTED_RULES = {
     *(("kubeflow.org", "mpijobs", v) for v in ("create", "get", "list", "watch", "delete", "patch")),
+    *(("trainer.kubeflow.org", "trainjobs", v) for v in ("create", "get", "list", "watch", "delete")),
     *(("", "configmaps", v) for v in ("create", "get", "delete")),
     *(("", "pods", v) for v in ("get", "list", "watch", "delete")),
     ("", "pods/log", "get"),

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jobs.models import Image, Instance, Job
+from jobs.models import Image, Job
 
 pytestmark = pytest.mark.django_db
 BODY = {"gpus": 2, "script_path": "/train.py"}
@@ -42,11 +42,10 @@ def test_a_job_runs_the_launcher_asked_for_or_else_its_images(alice_client, imag
     ({"image": "horovod-only", "launcher": "torchrun"}, "launcher", "carries horovod, not torchrun"),
     ({"image": "both", "launcher": "mpirun"}, "launcher", "not one of the available choices"),
     ({"image": "torch-only", "max_gpus": 4}, "max_gpus", "PyTorch (torchrun) jobs run at one size here"),
-    ({"image": "torch-only", "backend": "instances"}, "launcher",
-     "GPU instances over SSH cannot start PyTorch (torchrun) jobs yet"),
+    ({"image": "torch-only", "backend": "fake"}, "launcher", "Fake (tests) cannot start PyTorch (torchrun) jobs yet"),
 ])
-def test_a_launcher_the_job_cannot_have_is_a_400_naming_the_field(alice_client, images, fields, field, words):
-    Instance.objects.create(name="a", host="a.example", user="root", gpus=4, healthy=True)
+def test_a_launcher_the_job_cannot_have_is_a_400_naming_the_field(alice_client, images, settings, fields, field, words):
+    settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, "tests.fakebackend.FakeBackend"]
     response = post(alice_client, **fields)
     assert response.status_code == 400, response.content
     assert words in " ".join(response.json()[field]), response.json()

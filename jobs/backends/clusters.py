@@ -1,12 +1,13 @@
 """Kubernetes clusters (for jobs.backends.kubernetes): connecting to one, the namespace a job
-goes to, the MPIJob it becomes, and the runner that runs it there."""
+goes to, the MPIJob or TrainJob it becomes, and the runner that runs it there."""
 import hashlib
+import importlib
 import re
 
 import yaml
 from django.conf import settings
 
-from runners import mpijob
+from runners import launchers, mpijob
 from runners.kubernetes import KubernetesRunner, Timings
 
 from jobs.models import Cluster
@@ -78,6 +79,7 @@ def cluster_spec(cluster, group=None):
         priority_class=cluster.priority_class,
         kueue_queue=cluster.kueue_queue,
         mpijob_command=cluster.mpijob_command,
+        training_runtime=cluster.training_runtime,
         cpu_per_gpu=cluster.cpu_per_gpu,
         memory_per_gpu_gib=cluster.memory_per_gpu_gib,
         clean_pod_policy=cluster.clean_pod_policy,
@@ -135,11 +137,18 @@ def runner_for(job):
                             cluster_name=cluster.name, connection=connection_key(cluster))
 
 
+def builder_of(job):
+    """The module that builds the Kubernetes object `job` runs as: its launcher's (runners.mpijob
+    for Horovod, runners.trainjob for torchrun)."""
+    return importlib.import_module(launchers.of(job.launcher).KUBERNETES)
+
+
 def render(job):
-    """The MPIJob the backend would create for `job` (without talking to the cluster)."""
+    """(kind, the object the backend would create for `job`), without talking to the cluster."""
     from jobs.backends import job_spec
 
-    return mpijob.new_mpijob(job_spec(job), cluster_spec(job.cluster, job.charged_group))
+    builder = builder_of(job)
+    return builder.KIND, builder.new_document(job_spec(job), cluster_spec(job.cluster, job.charged_group))
 
 
 def default_cluster():

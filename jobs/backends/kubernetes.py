@@ -1,15 +1,15 @@
-"""The kubernetes backend: each job an MPIJob (kubeflow.org/v2beta1) on a registered cluster,
-through the official client (runners.kubernetes); connection and MPIJob settings per cluster
-live in jobs.backends.clusters."""
+"""The kubernetes backend: each job an MPIJob (kubeflow.org/v2beta1; Horovod) or a TrainJob
+(trainer.kubeflow.org/v1alpha1; torchrun) on a registered cluster, through the official client
+(runners.kubernetes); connection and job settings per cluster live in jobs.backends.clusters."""
 from django import forms
 from django.db.models import Q, Sum
 from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend
-from jobs.backends.clusters import ClusterError, default_cluster, namespace_for, render, runner_for
+from jobs.backends.clusters import ClusterError, builder_of, default_cluster, namespace_for, render, runner_for
 from jobs.backends.waits import Wait
 from jobs.models import ACTIVE_STATES, Cluster, Job, in_use_expression
-from runners import mpijob
+from runners import mpijob, trainjob
 
 
 class ClusterAdmission(Admission):
@@ -80,7 +80,6 @@ class KubernetesBackend(Backend):
     admission_class = ClusterAdmission
     # Resized by scaling the MPIJob's Worker replicas (runners.kubernetes.KubernetesRunner.resize).
     elastic = True
-    launchers = ("horovod",)           # torchrun as a TrainJob: not yet
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
@@ -157,16 +156,13 @@ class KubernetesBackend(Backend):
     def links(self, job):
         if not job.cluster_id:
             return []
-        return [("View MPIJob", reverse("job-mpijob", args=[job.pk]), "view-mpijob")]
+        return [(f"View {builder_of(job).KIND}", reverse("job-mpijob", args=[job.pk]), "view-mpijob")]
 
     def document(self, job):
         if not job.cluster_id:
             return None
-        return "MPIJob", render(job)
+        return render(job)
 
     def document_problems(self, document):
-        try:
-            mpijob.validate(document)
-        except mpijob.InvalidMPIJob as exc:
-            return exc.problems
-        return []
+        builders = {builder.KIND: builder for builder in (mpijob, trainjob)}
+        return builders[document["kind"]].document_problems(document)

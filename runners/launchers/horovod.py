@@ -20,6 +20,10 @@ def single_host_argv(spec, start_timeout):
                            start_timeout, extra)
 
 
+# The Kubernetes backend runs a Horovod job as an MPIJob (a module name: the runner imports it).
+KUBERNETES = "runners.mpijob"
+
+
 def over_ssh(spec, placement):
     """horovodrun's argv on the first host (it starts the other hosts' ranks over SSH), and the
     files it needs in the control folder (none)."""

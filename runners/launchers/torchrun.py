@@ -43,6 +43,18 @@ def argv(spec, python, nproc_per_node, nnodes="1", rendezvous_endpoint=None):
             *where, "--max-restarts=0", "-m", RANK_MODULE]
 
 
+# The Kubernetes backend runs a torchrun job as a Kubeflow Trainer TrainJob (a module name: the
+# runner imports it, so that no runner module imports a launcher's and the other way round).
+KUBERNETES = "runners.trainjob"
+
+
+def trainer_argv(spec):
+    """torchrun's argv in a Kubeflow Trainer TrainJob's node: the torch runtime sets PET_NNODES,
+    PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which torchrun reads
+    as its options (static rendezvous at node 0), so the argv names none of them."""
+    return [spec.python, "-m", "torch.distributed.run", "--max-restarts=0", "-m", RANK_MODULE]
+
+
 def over_ssh(spec, placement):
     """The argv that starts the job's agents from its first host (torchrun_agents: one agent per
     host, c10d rendezvous at a free port of the first, under the job's name), and the files it

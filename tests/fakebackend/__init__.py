@@ -97,6 +97,7 @@ def fake_root():
 class FakeBackend(Backend):
     name = "fake"
     label = "Fake (tests)"
+    launchers = ("horovod",)        # a backend that starts one kind of job (its runner writes what a rank would)
 
     def capacity(self):
         return 3

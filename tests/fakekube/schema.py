@@ -9,6 +9,8 @@ import jsonschema
 import yaml
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "runners" / "schemas" / "mpijob-crd-v2beta1.yaml"
+TRAINJOB_CRD_PATH = CRD_PATH.with_name("trainjob-crd-v1alpha1.yaml")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1123_MESSAGE = (

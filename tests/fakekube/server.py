@@ -19,8 +19,8 @@ from typing import Optional
 import yaml
 
 from . import schema as crd
-from .sim import JOB_NAME, JobRunner, Scenario
-from .store import (RESOURCES, ApiError, Store, api_version, bad_request, not_found,
+from .sim import JOB_NAME, JOBSET_NAME, JobRunner, Scenario, TrainJobRunner
+from .store import (RESOURCES, WORKLOADS, ApiError, Store, api_version, bad_request, not_found,
                     parse_field_selector, parse_label_selector, rfc3339)
 
 HTTP_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
@@ -111,6 +111,9 @@ class FakeKube:
         self.token = token or secrets.token_hex(16)
         self.store = Store(history_limit)
         self.crd = crd.CRDSchema(crd.load_crd_schema(crd_path))   # the schema is parsed once per process
+        self.schemas = {"mpijobs": self.crd, "trainjobs": crd.CRDSchema(crd.load_crd_schema(crd.TRAINJOB_CRD_PATH))}
+        # The ClusterTrainingRuntimes installed: Trainer's webhook refuses a TrainJob naming another.
+        self.training_runtimes = {"torch-distributed"}
         self.scenario = Scenario()
         self.scenarios = {}
         self.faults = Faults()
@@ -183,6 +186,17 @@ class FakeKube:
 
     def mpijobs(self, ns=None):
         return self.store.list("mpijobs", ns)
+
+    def trainjob(self, ns, name):
+        return self.store.get("trainjobs", ns, name)
+
+    def trainjobs(self, ns=None):
+        return self.store.list("trainjobs", ns)
+
+    def node_pods(self, ns, name):
+        """A TrainJob's node pods, in node order."""
+        pods = self.pods(ns, f"{JOBSET_NAME}={name}")
+        return sorted(pods, key=lambda p: int(p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]))
 
     def configmaps(self, ns=None):
         return self.store.list("configmaps", ns)
@@ -283,6 +297,24 @@ class FakeKube:
         except ApiError:
             pass
 
+    def _admit_trainjob_webhook(self, obj):
+        """Trainer's validating webhook: the runtime must exist, and torchrun's reserved
+        variables belong to the runtime."""
+        name = obj["metadata"].get("name", "")
+        problems = []
+        runtime = (obj["spec"].get("runtimeRef") or {}).get("name", "")
+        if runtime not in self.training_runtimes:
+            problems.append(f'spec.runtimeRef: Invalid value: "{runtime}": ClusterTrainingRuntime.trainer.kubeflow.org '
+                            f'"{runtime}" not found')
+        reserved = sorted({e.get("name") for e in (obj["spec"].get("trainer") or {}).get("env") or []}
+                          & {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"})
+        if reserved:
+            problems.append(f"spec.trainer.env: Invalid value: must not have reserved envs, invalid envs configured: "
+                            f"{reserved}")
+        if problems:
+            raise ApiError(422, "Invalid", 'admission webhook "validate--v1alpha1-trainjob.kb.io" denied the request: '
+                           f'TrainJob.trainer.kubeflow.org "{name}" is invalid: ' + ", ".join(problems))
+
     def validate_for_controller(self, job):
         """The checks mpi-operator's validation.go makes at reconcile time ('' when fine)."""
         if job is None:
@@ -353,41 +385,48 @@ class FakeKube:
             self.store.changed.notify_all()
 
     # --- API operations -----------------------------------------------------------------------
-    def _delete_mpijob(self, ns, name, policy):
-        obj = self.store.get("mpijobs", ns, name)
+    def _delete_mpijob(self, ns, name, policy, resource="mpijobs"):
+        obj = self.store.get(resource, ns, name)
         if obj is None:
-            raise not_found("mpijobs", name)
+            raise not_found(resource, name)
         policy = policy or "Background"
         uid = obj["metadata"]["uid"]
         result = None
         if policy == "Foreground":
-            result = self.store.update("mpijobs", ns, name, lambda o: o["metadata"].update(
+            result = self.store.update(resource, ns, name, lambda o: o["metadata"].update(
                 deletionTimestamp=rfc3339(), deletionGracePeriodSeconds=0, finalizers=["foregroundDeletion"]))
             self._delete_dependents(ns, name, uid)
-            self.store.delete("mpijobs", ns, name, uid=uid)
+            self.store.delete(resource, ns, name, uid=uid)
         else:
-            self.store.delete("mpijobs", ns, name, uid=uid)
+            self.store.delete(resource, ns, name, uid=uid)
             if policy != "Orphan":
                 self._delete_dependents(ns, name, uid)
         self.runners.pop((ns, name), None)
         return result
 
+    def delete_trainjob(self, ns, name, propagation_policy="Background"):
+        """A deletion behind the portal's back (kubectl delete trainjob): same as an API DELETE."""
+        return self._delete_mpijob(ns, name, propagation_policy, "trainjobs")
+
     def _delete_dependents(self, ns, name, uid):
         for pod in self.store.list("pods", ns):
             owners = {o.get("uid") for o in pod["metadata"].get("ownerReferences", [])}
-            if (pod["metadata"].get("labels") or {}).get(JOB_NAME) == name or uid in owners \
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(JOB_NAME) == name or labels.get(JOBSET_NAME) == name or uid in owners \
                     or self._job_uids.get(uid) in owners:
                 self.delete_pod(ns, pod["metadata"]["name"])
         for cm in self.store.list("configmaps", ns):
             if any(o.get("uid") == uid for o in cm["metadata"].get("ownerReferences", [])):
                 self.store.delete("configmaps", ns, cm["metadata"]["name"])
 
-    def _admit_mpijob(self, ns, body, name_in_url=None):
+    def _admit_mpijob(self, ns, body, name_in_url=None, resource="mpijobs"):
         """Defaulting, pruning and validation of a create or replace. Returns (object, warnings)."""
-        if body.get("apiVersion") != "kubeflow.org/v2beta1" or body.get("kind") != "MPIJob":
+        group, version, kind, _ = RESOURCES[resource]
+        expected = f"{group}/{version}"
+        if body.get("apiVersion") != expected or body.get("kind") != kind:
             raise bad_request(f"the API version in the data ({body.get('apiVersion')}) does not match the "
-                              f"expected API version (kubeflow.org/v2beta1)"
-                              if body.get("apiVersion") != "kubeflow.org/v2beta1"
+                              f"expected API version ({expected})"
+                              if body.get("apiVersion") != expected
                               else f"Object 'Kind' is missing or wrong: {body.get('kind')!r}")
         meta = body.setdefault("metadata", {})
         if meta.get("namespace", ns) != ns:
@@ -396,7 +435,8 @@ class FakeKube:
         meta["namespace"] = ns
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
-        obj, pruned = self.crd.default_and_prune(body)
+        schema = self.schemas[resource]
+        obj, pruned = schema.default_and_prune(body)
         causes = []
         name = obj["metadata"].get("name", "")
         if not name:
@@ -408,21 +448,41 @@ class FakeKube:
         if name_in_url and name != name_in_url:
             raise bad_request("the name of the object (%s) does not match the name on the URL (%s)"
                               % (name, name_in_url))
-        causes += self.crd.errors(obj)
+        causes += schema.errors(obj)
+        if resource == "trainjobs":
+            causes += _trainjob_rules(obj)
         if causes:
-            message = f'MPIJob.kubeflow.org "{name}" is invalid: ' + (
+            message = f'{kind}.{group} "{name}" is invalid: ' + (
                 f"{causes[0]['field']}: {causes[0]['message']}" if len(causes) == 1 else
                 "[" + ", ".join(f"{c['field']}: {c['message']}" for c in causes) + "]")
-            raise ApiError(422, "Invalid", message, {"name": name, "group": "kubeflow.org", "kind": "MPIJob",
+            raise ApiError(422, "Invalid", message, {"name": name, "group": group, "kind": kind,
                                                       "causes": causes})
         return obj, [f'unknown field "{p}"' for p in pruned]
 
     def _start_runner(self, obj):
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         scenario = copy.copy(self.scenarios.get(name) or self.scenario)
-        runner = JobRunner(self, obj, scenario)
+        runner = (TrainJobRunner if obj["kind"] == "TrainJob" else JobRunner)(self, obj, scenario)
         self.runners[(ns, name)] = runner
         runner.start()
+
+
+def _trainjob_rules(obj):
+    """The TrainJob CRD's CEL rules (x-kubernetes-validations), which the JSON schema leaves out."""
+    causes = []
+    name = obj["metadata"].get("name", "")
+    if name and not crd.DNS1035_LABEL.match(name):
+        causes.append({"reason": "FieldValueInvalid", "field": "<nil>",
+                       "message": "Invalid value: \"object\": metadata.name must match RFC 1035 DNS label format"})
+    if len(name) > 63:
+        causes.append({"reason": "FieldValueInvalid", "field": "<nil>",
+                       "message": "Invalid value: \"object\": metadata.name must be no more than 63 characters"})
+    trainer = (obj.get("spec") or {}).get("trainer") or {}
+    if isinstance(trainer.get("numProcPerNode"), int) and trainer["numProcPerNode"] < 1:
+        causes.append({"reason": "FieldValueInvalid", "field": "spec.trainer.numProcPerNode",
+                       "message": f"Invalid value: {trainer['numProcPerNode']}: numProcPerNode must be greater "
+                                  "than or equal to 1"})
+    return causes
 
 
 def _drain(events):
@@ -548,7 +608,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif parts == ["apis"]:
             self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
                 {"name": "kubeflow.org", "versions": [{"groupVersion": "kubeflow.org/v2beta1", "version": "v2beta1"}],
-                 "preferredVersion": {"groupVersion": "kubeflow.org/v2beta1", "version": "v2beta1"}}]})
+                 "preferredVersion": {"groupVersion": "kubeflow.org/v2beta1", "version": "v2beta1"}},
+                {"name": "trainer.kubeflow.org",
+                 "versions": [{"groupVersion": "trainer.kubeflow.org/v1alpha1", "version": "v1alpha1"}],
+                 "preferredVersion": {"groupVersion": "trainer.kubeflow.org/v1alpha1", "version": "v1alpha1"}}]})
+        elif parts == ["apis", "trainer.kubeflow.org", "v1alpha1"]:
+            self.send_json(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                 "groupVersion": "trainer.kubeflow.org/v1alpha1",
+                                 "resources": [{"name": "trainjobs", "singularName": "trainjob", "namespaced": True,
+                                                "kind": "TrainJob", "verbs": ["delete", "deletecollection", "get",
+                                                "list", "patch", "create", "update", "watch"]},
+                                               {"name": "trainjobs/status", "singularName": "", "namespaced": True,
+                                                "kind": "TrainJob", "verbs": ["get", "patch", "update"]}]})
         elif parts == ["apis", "kubeflow.org", "v2beta1"]:
             self.send_json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "kubeflow.org/v2beta1",
                                  "resources": [{"name": "mpijobs", "singularName": "mpijob", "namespaced": True,
@@ -565,6 +636,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             group, rest = "", parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["kubeflow.org", "v2beta1"]:
             group, rest = "kubeflow.org", parts[3:]
+        elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["trainer.kubeflow.org", "v1alpha1"]:
+            group, rest = "trainer.kubeflow.org", parts[3:]
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = None
@@ -573,7 +646,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not rest or rest[0] not in RESOURCES or RESOURCES[rest[0]][0] != group or len(rest) > 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         resource, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else "")
-        if sub and (resource, sub) not in {("pods", "log"), ("pods", "status"), ("mpijobs", "status")}:
+        if sub and (resource, sub) not in {("pods", "log"), ("pods", "status"), ("mpijobs", "status"),
+                                           ("trainjobs", "status")}:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return group, resource, ns, name, sub
 
@@ -611,7 +685,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         _, _, kind, _ = RESOURCES[resource]
         self.start_chunked("application/json")
         gone = None
-        if resource == "mpijobs" and since is not None and fake.faults.watch_gone_once:
+        if resource in WORKLOADS and since is not None and fake.faults.watch_gone_once:
             fake.faults.watch_gone_once = False
             gone = ApiError(410, "Expired", f"too old resource version: {since} ({store.rv})")
         watcher = None
@@ -657,16 +731,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def op_create(self, resource, ns, name, sub, body):
         fake = self.fake
-        if resource == "mpijobs":
+        if resource in WORKLOADS:
             if fake.faults.create_errors:
                 code = fake.faults.create_errors.pop(0)
                 raise ApiError(code, HTTP_REASONS.get(code, "Unknown"),
                                "Internal error occurred: fake fault" if code == 500 else f"fake fault: {code}")
-            obj, warnings = fake._admit_mpijob(ns, body or {})
+            obj, warnings = fake._admit_mpijob(ns, body or {}, resource=resource)
             if warnings and self.query.get("fieldValidation") == "Strict":
                 raise bad_request("strict decoding error: " + ", ".join(warnings))
+            if resource == "trainjobs":
+                fake._admit_trainjob_webhook(obj)
             obj.pop("status", None)    # the status subresource is not writable through create
-            created = fake.store.create("mpijobs", obj)
+            created = fake.store.create(resource, obj)
             fake._start_runner(created)
             if fake.faults.create_errors_after_store:
                 code = fake.faults.create_errors_after_store.pop(0)
@@ -693,13 +769,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def op_delete(self, resource, ns, name, sub, body):
         fake = self.fake
         policy = (body or {}).get("propagationPolicy") or self.query.get("propagationPolicy")
-        if resource == "mpijobs":
-            obj = fake.store.get("mpijobs", ns, name)
-            result = fake._delete_mpijob(ns, name, policy)
+        if resource in WORKLOADS:
+            obj = fake.store.get(resource, ns, name)
+            result = fake._delete_mpijob(ns, name, policy, resource)
             if result is not None:
                 return self.send_json(200, result)
             return self.send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                        "details": {"name": name, "group": "kubeflow.org", "kind": "mpijobs",
+                                        "details": {"name": name, "group": RESOURCES[resource][0], "kind": resource,
                                                     "uid": obj["metadata"]["uid"]}})
         if resource == "pods":
             obj = fake.delete_pod(ns, name)
@@ -712,19 +788,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                              "details": {"name": name, "kind": resource, "uid": obj["metadata"]["uid"]}})
 
-    def _change_mpijob(self, ns, name, sub, new_of):
+    def _change_mpijob(self, ns, name, sub, new_of, resource="mpijobs"):
         """Patch or update: new_of(current) gives the new object; status only through /status."""
         fake = self.fake
+        group = RESOURCES[resource][0]
         with fake.store.lock:
-            current = fake.store.get("mpijobs", ns, name)
+            current = fake.store.get(resource, ns, name)
             if current is None:
-                raise not_found("mpijobs", name)
+                raise not_found(resource, name)
             new = new_of(current)
             rv = (new.get("metadata") or {}).get("resourceVersion")
             if rv and rv != current["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on mpijobs.kubeflow.org "{name}": '
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource}.{group} "{name}": '
                                "the object has been modified; please apply your changes to the latest version "
-                               "and try again", {"name": name, "group": "kubeflow.org", "kind": "mpijobs"})
+                               "and try again", {"name": name, "group": group, "kind": resource})
             if sub == "status":
                 new = dict(current, status=new.get("status", {}))
             else:
@@ -732,25 +809,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             new.setdefault("metadata", {})
             for key in ("uid", "creationTimestamp", "generation", "name", "namespace"):
                 new["metadata"][key] = current["metadata"][key]
-            new, _ = fake._admit_mpijob(ns, new, name)
+            new, _ = fake._admit_mpijob(ns, new, name, resource)
 
             def replace(obj):
                 obj.clear()
                 obj.update(new)
-            return self.send_json(200, fake.store.update("mpijobs", ns, name, replace))
+            return self.send_json(200, fake.store.update(resource, ns, name, replace))
 
     def op_patch(self, resource, ns, name, sub, body):
-        if resource != "mpijobs":
-            raise ApiError(405, "MethodNotAllowed", "patch is only supported on mpijobs by the fake")
+        if resource not in WORKLOADS:
+            raise ApiError(405, "MethodNotAllowed", "patch is only supported on mpijobs and trainjobs by the fake")
         ctype = self.headers.get("Content-Type", "")
         if "json-patch" in ctype:
-            return self._change_mpijob(ns, name, sub, lambda cur: json_patch(cur, body))
-        return self._change_mpijob(ns, name, sub, lambda cur: merge_patch(cur, body))
+            return self._change_mpijob(ns, name, sub, lambda cur: json_patch(cur, body), resource)
+        return self._change_mpijob(ns, name, sub, lambda cur: merge_patch(cur, body), resource)
 
     def op_update(self, resource, ns, name, sub, body):
-        if resource != "mpijobs":
-            raise ApiError(405, "MethodNotAllowed", "update is only supported on mpijobs by the fake")
-        return self._change_mpijob(ns, name, sub, lambda cur: copy.deepcopy(body))
+        if resource not in WORKLOADS:
+            raise ApiError(405, "MethodNotAllowed", "update is only supported on mpijobs and trainjobs by the fake")
+        return self._change_mpijob(ns, name, sub, lambda cur: copy.deepcopy(body), resource)
 
     # --- pods/log -----------------------------------------------------------------------------
     def pod_log(self, ns, name):

@@ -1,4 +1,5 @@
-"""The MPI operator and the kubelet, played by one thread per MPIJob, driven by a Scenario."""
+"""The MPI operator (or Kubeflow Trainer with JobSet) and the kubelet, played by one thread per
+MPIJob (TrainJob), driven by a Scenario."""
 import copy
 import dataclasses
 import random
@@ -13,6 +14,12 @@ OPERATOR = "training.kubeflow.org/operator-name"
 JOB_NAME = "training.kubeflow.org/job-name"
 JOB_ROLE = "training.kubeflow.org/job-role"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"          # JobSet's labels on every pod of a JobSet
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"   # the Job's label and annotation
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINER_PORT = 29500                       # Trainer's PET_MASTER_PORT
 CONTROLLER = "mpi-job-controller"          # the operator's event source component
 RAND_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"   # what Kubernetes uses for generateName suffixes
 DEFAULT_BACKOFF_LIMIT = 6                  # batch/v1 Job's default
@@ -41,6 +48,8 @@ class Scenario:
     # How often the fake's operator looks whether its MPIJob was deleted or suspended while it
     # waits (a thousand jobs at once need it to look less often than the tests' 50 ms).
     react_seconds: float = 0.05
+    # TrainJobs: the rank whose worker fails (its node prints torchrun's summary and exits 1).
+    failed_rank: Optional[int] = None
 
 
 def default_output(np, steps=3):
@@ -65,6 +74,8 @@ class Gone(Exception):
 
 
 class JobRunner(threading.Thread):
+    resource = "mpijobs"
+
     def __init__(self, fake, job, scenario):
         super().__init__(daemon=True, name=f"fakekube-{job['metadata']['name']}")
         self.fake, self.store = fake, fake.store
@@ -87,7 +98,7 @@ class JobRunner(threading.Thread):
 
     # --- plumbing -----------------------------------------------------------------------------
     def alive(self):
-        obj = self.store.objects.get(("mpijobs", self.ns, self.name))
+        obj = self.store.objects.get((self.resource, self.ns, self.name))
         return (not self.fake.stopping.is_set() and obj is not None and obj["metadata"]["uid"] == self.uid)
 
     def pause(self, seconds=None):
@@ -111,7 +122,7 @@ class JobRunner(threading.Thread):
             status = obj.setdefault("status", {})
             mutate(status)
             status["lastReconcileTime"] = rfc3339()
-        if self.store.update("mpijobs", self.ns, self.name, apply, uid=self.uid) is None:
+        if self.store.update(self.resource, self.ns, self.name, apply, uid=self.uid) is None:
             raise Gone()
 
     def condition(self, ctype, status, reason, message):
@@ -551,3 +562,194 @@ def elastic_options(replica):
 
 class _PodGone(Exception):
     """A pod of the job was deleted (by a test or cleanup) while the runner touched it."""
+
+
+def torchrun_output(nodes, per_node, steps=3):
+    """What each node's pod prints under torchrun with the rank launcher: each worker's lines
+    carry its global rank as horovodrun's do. [node][step] -> bytes."""
+    return [[b"".join(f"[{rank}]<stdout>:step {step} rank {rank}\n".encode()
+                      for rank in range(node * per_node, (node + 1) * per_node))
+             for step in range(1, steps + 1)] for node in range(nodes)]
+
+
+def torchrun_failure(rank, local_rank, host):
+    """What a node's torchrun agent prints when worker `rank` fails (its error file's root cause)."""
+    return (
+        f"[{rank}]<stderr>:Traceback (most recent call last):\n"
+        f"[{rank}]<stderr>:  File \"train.py\", line 12, in <module>\n"
+        f"[{rank}]<stderr>:RuntimeError: rank {rank} broke\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+        "ringmaster_rank FAILED\n"
+        "------------------------------------------------------------\n"
+        "Failures:\n"
+        "  <NO_OTHER_FAILURES>\n"
+        "------------------------------------------------------------\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  time      : 2026-12-04_07:00:00\n"
+        f"  host      : {host}\n"
+        f"  rank      : {rank} (local_rank: {local_rank})\n"
+        "  exitcode  : 1 (pid: 4242)\n"
+        "  error_file: /tmp/torchelastic_x/none_y/attempt_0/0/error.json\n"
+        "  traceback : Traceback (most recent call last):\n"
+        f"    RuntimeError: rank {rank} broke\n"
+        "============================================================\n").encode()
+
+
+class TrainJobRunner(JobRunner):
+    """Kubeflow Trainer and JobSet for one TrainJob: the runtime's replicated Job `node` of
+    numNodes indexed pods (`<job>-node-0-<index>-<suffix>`), the torch plugin's PET_ variables,
+    and the TrainJob's conditions (Created, Suspended, Complete, Failed). The Scenario's
+    `attempts`, if given, is [(output chunks, exit code)] per node; else each node prints its
+    ranks' lines (torchrun_output) and, with `failed_rank`, that rank's node fails."""
+
+    resource = "trainjobs"
+
+    def __init__(self, fake, job, scenario):
+        threading.Thread.__init__(self, daemon=True, name=f"fakekube-trainjob-{job['metadata']['name']}")
+        self.fake, self.store = fake, fake.store
+        self.ns, self.name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self.uid = job["metadata"]["uid"]
+        self.sc = scenario
+        self.released = threading.Event()
+        self.job = job
+        trainer = job["spec"].get("trainer") or {}
+        self.nodes = int(trainer.get("numNodes") or 1)
+        self.per_node = int(trainer.get("numProcPerNode") or 1)
+
+    def job_status(self, mutate):
+        def apply(obj):
+            mutate(obj.setdefault("status", {}))
+            for cond in obj["status"].get("conditions", []):
+                cond.pop("lastUpdateTime", None)     # a TrainJob's conditions are metav1.Conditions
+        if self.store.update(self.resource, self.ns, self.name, apply, uid=self.uid) is None:
+            raise Gone()
+
+    def job_event(self, etype, reason, message):
+        self.fake.record_event(self.ns, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                         "name": self.name, "namespace": self.ns, "uid": self.uid},
+                               etype, reason, message, {"component": "trainer-controller-manager"})
+
+    def _patch(self):
+        """The pod template patch of the runtime's `node` job (runtimePatches), merged."""
+        template = {"metadata": {}, "spec": {}}
+        for patch in self.job["spec"].get("runtimePatches") or []:
+            for rjob in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+                    "replicatedJobs") or []:
+                if rjob.get("name") == "node":
+                    pod = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
+                    template["metadata"].update(pod.get("metadata") or {})
+                    template["spec"].update(copy.deepcopy(pod.get("spec") or {}))
+        return template
+
+    def make_node_pod(self, index):
+        trainer = self.job["spec"].get("trainer") or {}
+        patch = self._patch()
+        labels = {**(patch["metadata"].get("labels") or {}), JOBSET_NAME: self.name, REPLICATED_JOB: "node",
+                  JOB_INDEX: "0", COMPLETION_INDEX: str(index), ANCESTOR: "trainer",
+                  "batch.kubernetes.io/job-name": f"{self.name}-node-0", "job-name": f"{self.name}-node-0"}
+        pspec = patch["spec"]
+        overrides = {c["name"]: c for c in pspec.pop("containers", [])}
+        env = [*(trainer.get("env") or []),
+               {"name": "PET_NNODES", "value": str(self.nodes)},
+               {"name": "PET_NPROC_PER_NODE", "value": str(self.per_node)},
+               {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+                   "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}},
+               {"name": "PET_MASTER_ADDR", "value": f"{self.name}-node-0-0.{self.name}"},
+               {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)}]
+        container = {"name": "node", "image": trainer.get("image") or "pytorch/pytorch",
+                     "command": trainer.get("command") or [], "args": trainer.get("args") or [], "env": env,
+                     "resources": copy.deepcopy(trainer.get("resourcesPerNode") or {}),
+                     "ports": [{"containerPort": TRAINER_PORT, "protocol": "TCP"}],
+                     "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+                     "terminationMessagePolicy": "File"}
+        for key in ("volumeMounts", "securityContext"):
+            if key in overrides.get("node", {}):
+                container[key] = overrides["node"][key]
+        job_uid = self.fake.launcher_job_uid(self.uid)
+        suffix = "".join(random.choice(RAND_ALPHABET) for _ in range(5))
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{self.name}-node-0-{index}-{suffix}", "namespace": self.ns, "labels": labels,
+                            "annotations": {COMPLETION_INDEX: str(index)},
+                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                 "name": f"{self.name}-node-0", "uid": job_uid,
+                                                 "controller": True, "blockOwnerDeletion": True}]},
+               "spec": {**pspec, "containers": [container], "restartPolicy": "Never",
+                        "hostname": f"{self.name}-node-0-{index}", "subdomain": self.name,
+                        "schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
+                        "terminationGracePeriodSeconds": 30},
+               "status": {"phase": "Pending", "qosClass": "Burstable"}}
+        return self.store.create("pods", pod)
+
+    def wait_unsuspended(self):
+        def suspended():
+            obj = self.store.get("trainjobs", self.ns, self.name)
+            if obj is None or obj["metadata"]["uid"] != self.uid:
+                raise Gone()
+            return bool(obj["spec"].get("suspend"))
+        if not suspended():
+            return
+        self.condition("Suspended", "True", "Suspended", "TrainJob is suspended")
+        while suspended():
+            self.pause(0.05)
+        self.condition("Suspended", "False", "Resumed", "TrainJob is resumed")
+
+    def reconcile(self):
+        sc = self.sc
+        self.condition("Created", "True", "JobsCreationSucceeded", "Succeeded to create Jobs")
+        self.job_event("Normal", "Created", f"TrainJob {self.ns}/{self.name} is created")
+        self.wait_unsuspended()
+        pods = [self.make_node_pod(i) for i in range(self.nodes)]
+        self.pause()
+        if sc.unschedulable:
+            pods = [self.unschedulable(p) for p in pods]
+            self.wait_event(self.released)
+        pods = [self.schedule(p) for p in pods]
+        if sc.image_pull_error:
+            for pod in pods:
+                self.image_pull_fails(pod)
+            while True:
+                self.pause(3600)
+        self.pause(sc.pull_seconds)
+        pods = [self.run_container(p) for p in pods]
+        self.job_status(lambda st: st.update(jobsStatus=[{"name": "node", "active": 1, "ready": 1, "succeeded": 0,
+                                                          "failed": 0, "suspended": 0}]))
+        outputs = sc.attempts or [(chunks, 0) for chunks in torchrun_output(self.nodes, self.per_node, sc.steps)]
+        failing = None if sc.failed_rank is None else sc.failed_rank // self.per_node
+        steps = max(len(chunks) for chunks, _ in outputs)
+        for step in range(steps):
+            for node, (chunks, _) in enumerate(outputs):
+                if step < len(chunks):
+                    self.fake.logs_write(pods[node], chunks[step])
+            if step == 0 and sc.hold is not None:
+                self.wait_event(sc.hold)
+            if step == 0 and failing is not None:
+                self.pause()
+                host = pods[failing]["spec"]["hostname"]
+                self.fake.logs_write(pods[failing], torchrun_failure(sc.failed_rank, sc.failed_rank % self.per_node,
+                                                                     host))
+                self.terminate(pods[failing], 1)
+                self.pause()
+                for node, pod in enumerate(pods):   # the Job failed: JobSet stops its other pods
+                    if node != failing:
+                        self.terminate(pod, 143)
+                self.fail("FailedJobs", "jobset failed due to one or more job failures")
+                return
+            self.pause()
+        codes = [code for _, code in outputs]
+        for pod, code in zip(pods, codes):
+            self.terminate(pod, code)
+        if any(codes):
+            self.fail("FailedJobs", "jobset failed due to one or more job failures")
+            return
+        self.job_status(lambda st: st.update(jobsStatus=[{"name": "node", "active": 0, "ready": 0, "succeeded": 1,
+                                                          "failed": 0, "suspended": 0}]))
+        self.condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully")
+        self.job_event("Normal", "Completed", f"TrainJob {self.ns}/{self.name} completed")
+
+    def fail(self, reason, message):
+        self.job_status(lambda st: st.update(jobsStatus=[{"name": "node", "active": 0, "ready": 0, "succeeded": 0,
+                                                          "failed": 1, "suspended": 0}]))
+        self.condition("Failed", "True", reason, message)
+        self.job_event("Warning", reason, message)

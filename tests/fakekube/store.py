@@ -12,13 +12,16 @@ import uuid
 # resource -> (group, version, kind, listKind)
 RESOURCES = {
     "mpijobs": ("kubeflow.org", "v2beta1", "MPIJob", "MPIJobList"),
+    "trainjobs": ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "TrainJobList"),
     "pods": ("", "v1", "Pod", "PodList"),
     "configmaps": ("", "v1", "ConfigMap", "ConfigMapList"),
     "events": ("", "v1", "Event", "EventList"),
 }
+WORKLOADS = ("mpijobs", "trainjobs")     # custom resources the fake's controllers run
 # Field selectors the real apiserver supports per resource (others answer 400).
 FIELD_LABELS = {
     "mpijobs": {"metadata.name", "metadata.namespace"},
+    "trainjobs": {"metadata.name", "metadata.namespace"},
     "configmaps": {"metadata.name", "metadata.namespace"},
     "pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
              "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
@@ -151,7 +154,7 @@ def parse_field_selector(text, resource):
         key, op, val = m.groups()
         if key not in FIELD_LABELS[resource]:
             raise bad_request(f'"{key}" is not a known field selector: only "metadata.name", '
-                              f'"metadata.namespace"' if resource == "mpijobs"
+                              f'"metadata.namespace"' if resource in WORKLOADS
                               else f"field label not supported: {key}")
         if op == "!=":
             tests.append(lambda o, k=key, v=val: _field(o, k) != v)

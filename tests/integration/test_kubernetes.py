@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jobs import backends
 from jobs.models import Cluster, Image, Job, JobEvent, State
 from tests.conftest import ROOT, wait_for, job_name
 from tests.fakekube import FakeKube, Scenario, default_output
@@ -210,7 +211,7 @@ def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, 
     started = runner_for(job).launch(job_spec(job))
     assert started.already_running and "adopted" in started.detail
     assert len([j for j in fake.mpijobs() if j["metadata"]["name"] == job_name(job_id)]) == 1
-    assert render(job)["metadata"]["name"] == job_name(job_id)
+    assert render(job)[1]["metadata"]["name"] == job_name(job_id)
 
 
 def test_a_watch_answered_410_gone_relists_and_the_job_still_finishes(http, fake, cluster):
@@ -419,4 +420,32 @@ def test_every_call_the_portal_makes_is_allowed_by_the_deployed_role(http, fake,
                    ("delete", "kubeflow.org", "mpijobs", ""), ("create", "", "configmaps", ""),
                    ("list", "", "pods", ""), ("get", "", "pods", "log")]:
         assert needed in used, needed                        # the run made the calls that matter
+    assert used <= allowed, used - allowed
+
+
+def test_a_torchrun_job_runs_as_a_trainjob_through_the_portal_with_calls_the_role_allows(http, fake, cluster):
+    """Submitted over the API with the torchrun launcher: a TrainJob on the cluster's training
+    runtime (2 nodes of 1 process on 1-GPU nodes), every rank's lines stored, the job page's link
+    to the TrainJob, and only calls that deploy/'s Role grants."""
+    role = next(doc for path in (ROOT / "deploy" / "kubernetes").glob("*.yaml")
+                for doc in yaml.safe_load_all(Path(path).read_text()) if doc and doc.get("kind") == "Role")
+    allowed = {(verb, group, resource.partition("/")[0], resource.partition("/")[2])
+               for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    Image.objects.create(name="torch-k8s", container_image="registry.example/torch:2.13", python="python",
+                         launchers="torchrun")
+    start = len(fake.requests)
+    job_id = submit(http, image="torch-k8s", script=upload(http))
+    job = wait_state(job_id, ENDED)
+    assert job.state == State.SUCCEEDED, job.reason
+    assert job.launcher == "torchrun"
+    trainjob = fake.trainjob(NS, job_name(job_id))
+    assert trainjob["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert (trainjob["spec"]["trainer"]["numNodes"], trainjob["spec"]["trainer"]["numProcPerNode"]) == (2, 1)
+    assert {rank for rank, _ in texts(job_id)} >= {0, 1}
+    backend = backends.of(job)                       # the job page's link, and what it shows
+    kind, document = backend.document(job)
+    assert (kind, backend.links(job)[0][0], backend.document_problems(document)) == ("TrainJob", "View TrainJob", [])
+    used = {(verb, group, resource, sub) for verb, group, resource, sub, _, _ in fake.requests[start:]}
+    assert ("create", "trainer.kubeflow.org", "trainjobs", "") in used
     assert used <= allowed, used - allowed

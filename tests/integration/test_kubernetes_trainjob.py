@@ -1,0 +1,101 @@
+"""A torchrun job on the Kubernetes backend as a Kubeflow Trainer TrainJob: the runner, with the
+real `kubernetes` client over HTTP, against the fake API server playing Trainer, JobSet and the
+kubelet (tests/fakekube)."""
+import kubernetes
+import pytest
+
+from runners import mpijob
+from runners.base import Exited, Output, Running, waited
+from runners.kubernetes import KubernetesRunner, Timings
+from runners.output import OutputSplitter, first_rank_failure
+from tests.fakekube import FakeKube, Scenario
+from tests.unit.test_trainjob import spec as torch_spec
+
+pytestmark = pytest.mark.integration
+NS = "team-a"
+FAST = Timings(poll_seconds=0.2, drain_seconds=5, cancel_seconds=10, request_seconds=5)
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeKube() as server:
+        yield server
+        assert server.errors == []
+
+
+@pytest.fixture
+def runner(fake, tmp_path):
+    fake.scenario = Scenario()
+    path = fake.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    api = kubernetes.config.new_client_from_config(config_file=str(path))
+    yield KubernetesRunner(api, mpijob.ClusterSpec(namespace=NS, gpus_per_node=2), FAST)
+    api.close()
+
+
+def spec(job_id, gpus=4):
+    return torch_spec(job_id=job_id, gpus=gpus, installation="tj", time_limit_seconds=600)
+
+
+def follow(runner, job):
+    """(every event but Waiting, the lines of the output) of one follow to its end."""
+    told, splitter, lines = [], OutputSplitter(), []
+    for event in waited(runner.follow(job, 0)):
+        if isinstance(event, Output):
+            lines += splitter.feed(event.data)
+        elif type(event).__name__ != "Waiting":
+            told.append(event)
+        if isinstance(event, Exited):
+            return told, lines
+    raise AssertionError("the follow ended without Exited")
+
+
+def test_a_four_gpu_torchrun_job_is_two_nodes_that_run_to_complete_with_every_ranks_lines(fake, runner):
+    job = spec(41)
+    started = runner.launch(job)
+    assert started.detail.startswith(f"created the TrainJob {NS}/{job.name}")
+    told, lines = follow(runner, job)
+    assert isinstance(told[0], Running) and told[-1] == Exited(0, "jobset completed successfully")
+    ranked = sorted((line.rank, line.text) for line in lines)
+    assert ranked == sorted((rank, f"step {step} rank {rank}") for rank in range(4) for step in (1, 2, 3))
+    stored = fake.trainjob(NS, job.name)
+    assert (stored["spec"]["trainer"]["numNodes"], stored["spec"]["trainer"]["numProcPerNode"]) == (2, 2)
+    assert {c["type"] for c in stored["status"]["conditions"] if c["status"] == "True"} >= {"Created", "Complete"}
+    pods = fake.node_pods(NS, job.name)
+    assert [p["metadata"]["name"].rsplit("-", 1)[0] for p in pods] == [f"{job.name}-node-0-0", f"{job.name}-node-0-1"]
+    env = {e["name"] for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert {"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "RINGMASTER_PREFIX_OUTPUT"} <= env
+
+
+def test_a_failed_rank_fails_the_trainjob_and_is_named_with_its_exit_code(fake, runner):
+    job = spec(42)
+    fake.scenarios[job.name] = Scenario(failed_rank=3)
+    runner.launch(job)
+    told, lines = follow(runner, job)
+    end = told[-1]
+    assert end.code == 1 and "TrainJob failed: FailedJobs" in end.detail
+    assert first_rank_failure([line.text for line in lines if line.rank is None]) == (3, 1)
+    assert (3, "RuntimeError: rank 3 broke") in [(line.rank, line.text) for line in lines]
+
+
+def test_cancel_deletes_the_trainjob_its_pods_and_its_configmap(fake, runner):
+    job = spec(43)
+    hold = __import__("threading").Event()
+    fake.scenarios[job.name] = Scenario(hold=hold)
+    try:
+        runner.launch(job)
+        fake.wait_for(lambda: len([p for p in fake.node_pods(NS, job.name) if p["status"]["phase"] == "Running"]) == 2,
+                      30, "both nodes to run")
+        runner.cancel(job)
+    finally:
+        hold.set()
+    assert fake.trainjob(NS, job.name) is None
+    assert fake.node_pods(NS, job.name) == []
+    assert not [c for c in fake.configmaps(NS) if c["metadata"]["name"] == f"{job.name}-script"]
+
+
+def test_a_cluster_without_the_runtime_refuses_the_trainjob_saying_so(fake, runner):
+    job = spec(44)
+    runner.cluster = mpijob.ClusterSpec(namespace=NS, gpus_per_node=2, training_runtime="torch-missing")
+    with pytest.raises(Exception, match="torch-missing"):
+        runner.launch(job)
+    assert fake.trainjob(NS, job.name) is None
