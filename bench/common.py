@@ -132,10 +132,13 @@ def bench_user():
     return user, Token.objects.get_or_create(user=user)[0].key
 
 
-def bench_image():
+def bench_image(launchers="horovod"):
     from jobs.models import Image
 
-    return Image.objects.get_or_create(name="horovod-cpu", defaults={"python": PYTHON})[0]
+    image = Image.objects.get_or_create(name="horovod-cpu", defaults={"python": PYTHON})[0]
+    if image.launchers != launchers:
+        Image.objects.filter(pk=image.pk).update(launchers=launchers)
+    return image
 
 
 def running_job(user, gpus=8, name="bench"):

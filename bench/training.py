@@ -1,5 +1,6 @@
 """Training overhead: Horovod synthetic-benchmark throughput (img/s) of a 2-rank job run through
-the portal, against the same command run directly with horovodrun, in the same invocation.
+the portal, against the same command run directly with its launcher (horovodrun, or torchrun
+with --launcher torchrun: the same benchmark with DistributedDataParallel), in the same invocation.
 
 Portal: jobs/examples/synthetic_benchmark.py is uploaded and submitted over the REST API to a
 real uvicorn, admitted and run by a real Celery worker (--pool threads) with the local runner,
@@ -21,7 +22,7 @@ ended; the CPU readings, every 0.5 s, are interpolated there): what the portal t
 job trains, the seconds whose img/s is reported, without the launch and the end.
 
     .venv/bin/python bench/training.py [--pairs 3] [--num-iters 20] [--num-batches-per-iter 10] [--no-pin]
-                                       [--embedded]
+                                       [--embedded] [--launcher horovod|torchrun]
 """
 import argparse
 import contextlib
@@ -43,7 +44,8 @@ PER_ITER = "img_per_sec"
 # Put before the benchmark's own text: each rank on one CPU of its own (its local rank's).
 PIN = """import os as _os
 _cpus = sorted(_os.sched_getaffinity(0))
-_os.sched_setaffinity(0, {_cpus[int(_os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(_cpus)]})
+_local = _os.environ.get("HOROVOD_LOCAL_RANK", _os.environ.get("LOCAL_RANK", "0"))
+_os.sched_setaffinity(0, {_cpus[int(_local) % len(_cpus)]})
 """
 # Put before it always: when the benchmark's timed windows began and ended. Every call of
 # timeit.timeit but the first (the warmup) is a timed window; at exit the wall-clock times of the
@@ -80,11 +82,12 @@ def api(session, method, path, **kwargs):
     return response.json()
 
 
-def portal_run(session, script_id, args, gpus):
+def portal_run(session, script_id, args, gpus, launcher):
     from jobs.models import Job, MetricPoint, State
 
     job_id = api(session, "POST", "/api/jobs/", json={"image": "horovod-cpu", "gpus": gpus, "script": script_id,
-                                                      "args": args, "name": "synthetic benchmark"})["id"]
+                                                      "args": args, "name": "synthetic benchmark",
+                                                      "launcher": launcher})["id"]
     job = common.wait_for(lambda: Job.objects.filter(pk=job_id, state__in=[State.SUCCEEDED, State.FAILED,
                                                                              State.CANCELLED]).first(),
                           timeout=900, interval=END_POLL_SECONDS, message="the portal's job to end")
@@ -180,6 +183,7 @@ def main():
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="let the kernel place the ranks")
     parser.add_argument("--embedded", action="store_true",
                         help="the portal as `make run` with nothing set: SQLite, no Redis")
+    parser.add_argument("--launcher", choices=["horovod", "torchrun"], default="horovod")
     args = parser.parse_args()
 
     common.setup(embedded=args.embedded)
@@ -190,12 +194,12 @@ def main():
     runner = LocalRunner(common.jobs_root() / "direct")   # under the jobs folder: cleaned up at the end
     script = (PIN if args.pin else "") + WINDOW + SCRIPT.read_text()
     spec = JobSpec(job_id=0, gpus=args.gpus, python=common.PYTHON, script_name=SCRIPT.name,
-                   script_content=script, script_path=None, args=tuple(script_args))
+                   script_content=script, script_path=None, args=tuple(script_args), launcher=args.launcher)
     common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal "
-                  f"({'embedded: SQLite, no Redis' if args.embedded else 'PostgreSQL and Redis'}) vs horovodrun")
+                  f"({'embedded: SQLite, no Redis' if args.embedded else 'PostgreSQL and Redis'}) vs {args.launcher}")
     print("direct command: " + " ".join(runner.command(spec)) + ("  (ranks pinned to CPUs)" if args.pin else ""))
     user, token = common.bench_user()
-    common.bench_image()
+    common.bench_image(launchers="horovod,torchrun")
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]
     results = {"portal": [], "direct": [], "portal_iter": [], "direct_iter": []}
     cpu = {kind: {"worker": [], "web": [], "db": []} for kind in ("portal", "direct")}
@@ -209,7 +213,8 @@ def main():
             for kind in kinds:
                 with CpuLog(worker, web) as cpu_log:
                     if kind == "portal":
-                        value, per_iter, seconds, window = portal_run(session, script_id, script_args, args.gpus)
+                        value, per_iter, seconds, window = portal_run(session, script_id, script_args, args.gpus,
+                                                                      args.launcher)
                     else:
                         value, per_iter, seconds, window = direct_run(spec, runner, runner.job_dir(spec))
                 (_, *before), (_, *after) = cpu_log.readings[0], cpu_log.readings[-1]
@@ -227,13 +232,13 @@ def main():
     pair_ratios = [p / d for p, d in zip(results["portal"], results["direct"])]
     print()
     print(f"median through the portal: {portal:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['portal'])})")
-    print(f"median direct horovodrun:  {direct:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['direct'])})")
+    print(f"median direct {args.launcher:>10}: {direct:8.1f} img/s   (runs: {', '.join(f'{v:.0f}' for v in results['direct'])})")
     print(f"pair ratios: {', '.join(f'{r:.3f}' for r in pair_ratios)}")
     iter_ratio = common.median(results["portal_iter"]) / common.median(results["direct_iter"])
     print(f"per rank and iteration, ratio of the medians of the runs' medians: {iter_ratio:.3f} (pairs: "
           f"{', '.join(f'{p / d:.3f}' for p, d in zip(results['portal_iter'], results['direct_iter']))})")
     share = {kind: {name: common.median(values) * 100 for name, values in shares.items()} for kind, shares in cpu.items()}
-    for kind, label in (("portal", "while the portal's job ran"), ("direct", "while horovodrun ran directly")):
+    for kind, label in (("portal", "while the portal's job ran"), ("direct", f"while {args.launcher} ran directly")):
         print(f"portal's own CPU {label}: Celery worker {share[kind]['worker']:.2f}%, uvicorn {share[kind]['web']:.2f}%, "
               f"PostgreSQL+Redis {share[kind]['db']:.2f}% of a core (medians over runs)")
     cost = sum(share["portal"].values()) - sum(share["direct"].values())

@@ -691,7 +691,7 @@ def parse_rank_failure(text: str) -> tuple[int, int] | None:
 # recorded: "Root Cause (first observed failure):", then the failure's fields, one per line.
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _TORCHRUN_RANK_RE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)")
-_TORCHRUN_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+) \(pid: \d+\)")
+_TORCHRUN_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+) \(pid: \d+\)(?:\s+\(SIG\w+\))?")
 
 
 def first_rank_failure(texts: list[str]) -> tuple[int, int] | None:

@@ -905,3 +905,8 @@ def test_the_first_failure_of_horovodrun_is_its_first_process_line():
     texts = ["something", "Process 3 exit with status code 2.", "Process 0 exit with status code 1."]
     assert first_rank_failure(texts) == (3, 2)
     assert first_rank_failure(["Root Cause (first observed failure):", "[0]:"]) is None
+
+
+def test_a_worker_killed_by_a_signal_is_torchruns_root_cause_with_its_signal():
+    summary = TORCHRUN_SUMMARY.replace("exitcode  : 1 (pid: 8)", "exitcode  : -6 (pid: 8)  (SIGABRT)")
+    assert first_rank_failure(summary.splitlines()) == (1, -6)
