@@ -1,4 +1,5 @@
-"""horovodrun on interactive GPU instances, reached over SSH (paramiko).
+"""A job's launcher (horovodrun, or torchrun's agents) on interactive GPU instances, reached over
+SSH (paramiko).
 
 A job gets slots on one or more instances (hosts). On every host the runner makes two folders,
 the same paths everywhere (Gloo runs every rank in the launcher's working directory):
@@ -16,10 +17,12 @@ it, under bubblewrap (a private /tmp) where bwrap is installed. The job then can
 another job's folder, signal its processes, or write what the portal reads back. Elsewhere the
 job runs under the account itself, as every other job there (jobs share one account).
 
-On the first host the runner starts
+On the first host the runner starts the job's launcher (runners.launchers: over_ssh), e.g.
 
     horovodrun --gloo -np N -H h1:s1,h2:s2 [-p P -i KEY] [--network-interface IF]
                --disable-cache --start-timeout T ./run-rank <python> -m ringmaster_rank
+
+or torchrun_agents.py, which starts one torchrun agent per host,
 
 detached from the SSH session (its own session and process group, `setsid`), with its output
 appended to `output.log` and its exit code written to `exit_code` by the same wrapper as the
