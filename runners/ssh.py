@@ -236,9 +236,13 @@ as_job() {
         set -- setpriv --reuid="$u" --regid="$u" --clear-groups --no-new-privs -- "$@"
         if [ -n "$box" ] && command -v bwrap >/dev/null 2>&1; then
             set -- --unshare-ipc --die-with-parent -- "$@"
-            case $job in        # a job folder under /tmp stays, with the folder of /tmp it is in
-                /tmp/?*) keep=${job#/tmp/}; keep=/tmp/${keep%%/*}; set -- --dev-bind "$keep" "$keep" "$@" ;;
-            esac
+            # What the job needs under /tmp (its folder, its Python: PREPARE's list) stays, with
+            # the folder of /tmp it is in.
+            while IFS= read -r path; do
+                case $path in
+                    /tmp/?*) keep=${path#/tmp/}; keep=/tmp/${keep%%/*}; set -- --dev-bind "$keep" "$keep" "$@" ;;
+                esac
+            done < "$c/keep"
             set -- bwrap --dev-bind / / --perms 01777 --tmpfs /tmp "$@"
         fi
         [ "$(id -u)" = 0 ] || set -- sudo -n -E -- "$@"
@@ -259,7 +263,8 @@ command -v setpriv >/dev/null 2>&1 || as=none
 # Python. Prints "uid U" where the job gets a uid of its own (root, or `sudo -n`, and setpriv),
 # else "shared". The uid is the first from $4 that no user, process or folder of the work dir
 # has, under a lock; the folders above the job's folder and its Python get search permission
-# (o+x, never read) so that the uid reaches them.
+# (o+x, never read) so that the uid reaches them, and `keep` lists them (AS_JOB's bubblewrap
+# keeps them where they are under /tmp).
 PREPARE = ACCOUNT + r"""
 umask 077
 mkdir -p -- "$1/""" + CONTROL + r"""/$2" || exit 3
@@ -306,6 +311,7 @@ reach() {
 reach "$job" || { echo "cannot give the folders above $job search permission" >&2; exit 3; }
 py=$( { eval "$5"; } >/dev/null 2>&1 </dev/null; command -v -- "$6" )
 if [ -n "$py" ]; then reach "$py" && reach "$(readlink -f -- "$py")" || exit 3; fi
+printf '%s\n' "$job" ${py:+"$py"} ${py:+"$(readlink -f -- "$py")"} > keep || exit 3
 echo "uid $u"
 """
 # Write stdin to file $2 of the control folder $1, atomically and executable by the account only
