@@ -11,10 +11,12 @@ reads as its --nnodes, --nproc-per-node, --node-rank, --master-addr and --master
 command names none of them (launchers.torchrun.trainer_argv), and a job may not set them itself
 (Trainer's webhook refuses a TrainJob whose env does).
 
-Every worker runs the rank launcher (`-m ringmaster_rank`) in the folder where the job's
-ConfigMap is mounted: the uploaded script, ringmaster_rank.py, ringmaster_metrics.py and the
-rank's words (argv.json). The TrainJob API has no working directory, so a `/bin/sh` wrapper,
-given the folder as a word (no user word is ever parsed by it), changes into it first.
+Every worker runs the rank launcher (`-m ringmaster_rank`) in a writable folder of its pod (an
+emptyDir), where the files of the job's ConfigMap are copied first: the uploaded script,
+ringmaster_rank.py, ringmaster_metrics.py and the rank's words (argv.json). A script that writes
+beside itself (a checkpoint) can; what it writes goes with the pod. The TrainJob API has no
+working directory, so a `/bin/sh` wrapper, given both folders as words (no user word is ever
+parsed by it), copies and changes into the work folder first.
 
 What else a pod gets goes through `runtimePatches` (the only pod fields a TrainJob may set): the
 portal's labels (the informer finds the pods by them), the ConfigMap volume and its mount, no
@@ -39,14 +41,16 @@ NODE = "node"                     # the runtime's replicated Job, and its contai
 # JobSet names the JobSet after the TrainJob and labels every pod with it.
 JOB_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 CONTAINER = NODE                  # whose log carries the ranks' output
-WORK_DIR = SCRIPT_DIR             # where the ConfigMap is mounted and the ranks run
+FILES_DIR = SCRIPT_DIR            # where the ConfigMap is mounted (read-only)
+WORK_DIR = "/ringmaster/work"     # where its files are copied and the ranks run (an emptyDir)
 PATCH_MANAGER = "ringmaster.io/portal"    # who owns the TrainJob's runtime patch
 RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 CRD_FILE = Path(__file__).with_name("schemas") / "trainjob-crd-v1alpha1.yaml"
 JOB_PYTHON = Path(__file__).resolve().parent / "job_python"
 RANK_FILES = ("ringmaster_rank.py", "ringmaster_metrics.py")
-# Changes into the folder given as $0, then runs the rest: the words stay words.
-CHANGE_DIR = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', WORK_DIR]
+# Copies the files of the folder given as $0 into the one given as $1, changes into it, then
+# runs the rest: the words stay words.
+CHANGE_DIR = ["/bin/sh", "-c", 'cp -L -- "$0"/* "$1"/ && cd "$1" && shift && exec "$@"', FILES_DIR, WORK_DIR]
 
 
 class InvalidTrainJob(ValueError):
@@ -100,10 +104,12 @@ def new_pod_patch(spec, cluster):
     pod = {
         "containers": [{
             "name": NODE,
-            "volumeMounts": [{"name": "job", "mountPath": WORK_DIR, "readOnly": True}],
+            "volumeMounts": [{"name": "job", "mountPath": FILES_DIR, "readOnly": True},
+                             {"name": "work", "mountPath": WORK_DIR}],
             "securityContext": _security_context(()),
         }],
-        "volumes": [{"name": "job", "configMap": {"name": script_configmap_name(spec), "defaultMode": 0o444}}],
+        "volumes": [{"name": "job", "configMap": {"name": script_configmap_name(spec), "defaultMode": 0o444}},
+                    {"name": "work", "emptyDir": {}}],
     }
     if cluster.node_selector:
         pod["nodeSelector"] = dict(cluster.node_selector)

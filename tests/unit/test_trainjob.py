@@ -42,7 +42,9 @@ def test_the_nodes_run_the_rank_launcher_under_torchrun_in_the_job_folder_leavin
     job, configmap = trainjob.build(spec(), CLUSTER)
     trainer = job["spec"]["trainer"]
     assert trainer["image"] == "registry.example/torch:2.13"
-    assert trainer["command"] == ["/bin/sh", "-c", 'cd "$0" && exec "$@"', "/ringmaster/script"]
+    # The ConfigMap's files copied into a writable folder of the pod, the ranks run there.
+    assert trainer["command"] == ["/bin/sh", "-c", 'cp -L -- "$0"/* "$1"/ && cd "$1" && shift && exec "$@"',
+                                  "/ringmaster/script", "/ringmaster/work"]
     assert trainer["args"] == ["python", "-m", "torch.distributed.run", "--max-restarts=0", "-m", "ringmaster_rank"]
     env = {e["name"]: e["value"] for e in trainer["env"]}
     assert env["WANDB_MODE"] == "offline" and env["RINGMASTER_PREFIX_OUTPUT"] == "1"
@@ -51,7 +53,10 @@ def test_the_nodes_run_the_rank_launcher_under_torchrun_in_the_job_folder_leavin
     assert json.loads(configmap["data"]["argv.json"]) == ["train.py", "--lr", "0.1"]
     template = pod_patch(job)
     (container,) = template["spec"]["containers"]
-    assert container["name"] == "node" and container["volumeMounts"][0]["mountPath"] == "/ringmaster/script"
+    assert container["name"] == "node"
+    assert container["volumeMounts"] == [{"name": "job", "mountPath": "/ringmaster/script", "readOnly": True},
+                                         {"name": "work", "mountPath": "/ringmaster/work"}]
+    assert template["spec"]["volumes"][1] == {"name": "work", "emptyDir": {}}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert template["spec"]["volumes"][0]["configMap"]["name"] == configmap["metadata"]["name"]
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ringmaster"
