@@ -412,7 +412,7 @@ def controller_problems(mpijob):
 
 def validate(mpijob):
     """Raise InvalidMPIJob naming every problem, or return the MPIJob unchanged."""
-    problems = schema_problems(mpijob) + controller_problems(mpijob)
+    problems = document_problems(mpijob)
     if problems:
         raise InvalidMPIJob(problems)
     return mpijob

@@ -192,7 +192,7 @@ def trainer_problems(trainjob):
 
 def validate(trainjob):
     """Raise InvalidTrainJob naming every problem, or return the TrainJob unchanged."""
-    problems = schema_problems(trainjob) + trainer_problems(trainjob)
+    problems = document_problems(trainjob)
     if problems:
         raise InvalidTrainJob(problems)
     return trainjob

@@ -10,8 +10,8 @@ one); passes each its share of the job's processes and the job's environment; an
 the first agent's failure (or 0), so that the follower sees one exit code, as for horovodrun.
 No shell parses a word here but the remote login shell, which gets each word quoted.
 
-The job ends with its first failure, as a Horovod job does: the other agents are stopped then,
-where torchrun's would wait for the failed one at their exit barrier. A remote agent runs under
+The job ends at its first failure, as a Horovod job does: the other agents are stopped at once
+instead of waiting for the failed one at torchrun's exit barrier. A remote agent runs under
 this same program (`agent` mode) on its host, which stops it when its SSH connection's input
 ends: when this program closes it, or dies (cancel), the agents over there stop with it.
 

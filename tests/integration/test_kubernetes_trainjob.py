@@ -8,19 +8,13 @@ from runners import mpijob
 from runners.base import Exited, Output, Running, waited
 from runners.kubernetes import KubernetesRunner, Timings
 from runners.output import OutputSplitter, first_rank_failure
-from tests.fakekube import FakeKube, Scenario
+from tests.fakekube import Scenario
+from tests.integration.test_kubernetes import fake  # noqa: F401 (the fake API server)
 from tests.unit.test_trainjob import spec as torch_spec
 
 pytestmark = pytest.mark.integration
 NS = "team-a"
 FAST = Timings(poll_seconds=0.2, drain_seconds=5, cancel_seconds=10, request_seconds=5)
-
-
-@pytest.fixture(scope="module")
-def fake():
-    with FakeKube() as server:
-        yield server
-        assert server.errors == []
 
 
 @pytest.fixture
@@ -49,7 +43,7 @@ def follow(runner, job):
     raise AssertionError("the follow ended without Exited")
 
 
-def test_a_four_gpu_torchrun_job_is_two_nodes_that_run_to_complete_with_every_ranks_lines(fake, runner):
+def test_a_four_gpu_torchrun_job_is_two_nodes_that_run_to_complete_with_every_ranks_lines(fake, runner):  # noqa: F811
     job = spec(41)
     started = runner.launch(job)
     assert started.detail.startswith(f"created the TrainJob {NS}/{job.name}")
@@ -66,7 +60,7 @@ def test_a_four_gpu_torchrun_job_is_two_nodes_that_run_to_complete_with_every_ra
     assert {"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "RINGMASTER_PREFIX_OUTPUT"} <= env
 
 
-def test_a_failed_rank_fails_the_trainjob_and_is_named_with_its_exit_code(fake, runner):
+def test_a_failed_rank_fails_the_trainjob_and_is_named_with_its_exit_code(fake, runner):  # noqa: F811
     job = spec(42)
     fake.scenarios[job.name] = Scenario(failed_rank=3)
     runner.launch(job)
@@ -77,7 +71,7 @@ def test_a_failed_rank_fails_the_trainjob_and_is_named_with_its_exit_code(fake, 
     assert (3, "RuntimeError: rank 3 broke") in [(line.rank, line.text) for line in lines]
 
 
-def test_cancel_deletes_the_trainjob_its_pods_and_its_configmap(fake, runner):
+def test_cancel_deletes_the_trainjob_its_pods_and_its_configmap(fake, runner):  # noqa: F811
     job = spec(43)
     hold = __import__("threading").Event()
     fake.scenarios[job.name] = Scenario(hold=hold)
@@ -93,7 +87,7 @@ def test_cancel_deletes_the_trainjob_its_pods_and_its_configmap(fake, runner):
     assert not [c for c in fake.configmaps(NS) if c["metadata"]["name"] == f"{job.name}-script"]
 
 
-def test_a_cluster_without_the_runtime_refuses_the_trainjob_saying_so(fake, runner):
+def test_a_cluster_without_the_runtime_refuses_the_trainjob_saying_so(fake, runner):  # noqa: F811
     job = spec(44)
     runner.cluster = mpijob.ClusterSpec(namespace=NS, gpus_per_node=2, training_runtime="torch-missing")
     with pytest.raises(Exception, match="torch-missing"):

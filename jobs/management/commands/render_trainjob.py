@@ -20,4 +20,4 @@ class Command(RenderCommand):
             document = trainjob.new_trainjob(job_spec(job), cluster_spec(job.cluster, job.charged_group))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        return document, trainjob.schema_problems(document) + trainjob.trainer_problems(document)
+        return document, trainjob.document_problems(document)
