@@ -3,6 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# On a machine whose nvidia-smi reports GPUs: a second environment, with PyTorch's CUDA build,
+# beside .venv (not in var/, which the sandbox of local jobs hides from them).
+CUDA_VENV ?= .venv-cuda
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -31,6 +34,7 @@ run: install
 	deploy/ensure-sandbox.sh
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
+	$(PY) manage.py gpu_environment --env $(CUDA_VENV)   # nothing without GPUs; never fails the CPU portal
 	@echo
 	@echo "Ringmaster is starting at http://$(HOST):$(PORT)/ (a banner says when it is ready; Ctrl-C stops it)"
 	@echo
@@ -48,7 +52,7 @@ test: install test-services
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(CUDA_VENV) var
 
 # Benchmarks (bench/, figures in BENCHMARKS.md). Never part of `make test`. They empty the job
 # tables of their own database and Redis database, so these never name the portal's or the tests'.
