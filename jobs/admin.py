@@ -8,10 +8,10 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
 from jobs import backends
-from jobs.backends.admin_forms import ClusterForm, InstanceForm
+from jobs.backends.admin_forms import ClusterForm, InstanceForm, QueueMappingForm
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
-from jobs.models import Cluster, Image, Instance, Job, JobEvent, Quota, Script, State, UserSettings
+from jobs.models import Cluster, Image, Instance, Job, JobEvent, QueueMapping, Quota, Script, State, UserSettings
 
 
 @admin.register(Image)
@@ -236,10 +236,24 @@ class InstanceAdmin(admin.ModelAdmin):
                       ("healthy", "unhealthy"))
 
 
+class QueueMappingInline(admin.TabularInline):
+    """Kueue queues of groups and users on the cluster (a user's own wins over their group's)."""
+    model = QueueMapping
+    form = QueueMappingForm
+    fields = ["group", "user", "queue"]
+    raw_id_fields = ["user"]
+    extra = 0
+    verbose_name = "Kueue queue of a group or user"
+    verbose_name_plural = "Kueue queues of groups and users (in place of the cluster's Kueue queue)"
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     form = ClusterForm
-    list_display = ["name", "connection", "namespace", "gpus_per_node", "gpu_limit", "kueue_queue", "enabled"]
+    inlines = [QueueMappingInline]
+    readonly_fields = ["kueue_found", "kueue_detail"]
+    list_display = ["name", "connection", "namespace", "gpus_per_node", "gpu_limit", "kueue_queue", "kueue_found",
+                    "enabled"]
     list_filter = ["enabled", "connection"]
     search_fields = ["name", "namespace"]
     actions = ["check_now"]

@@ -458,7 +458,14 @@ class Cluster(models.Model):
                                    help_text='For all pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists"}].')
     priority_class = models.CharField(max_length=253, blank=True, help_text="priorityClassName of every pod.")
     kueue_queue = models.CharField(max_length=63, blank=True, verbose_name="Kueue queue",
-                                   help_text="Sets the kueue.x-k8s.io/queue-name label: Kueue admits the jobs.")
+                                   help_text="Sets the kueue.x-k8s.io/queue-name label: Kueue admits the jobs. "
+                                             "The default LocalQueue; groups and users may have their own "
+                                             "(Kueue queues below).")
+    kueue_found = models.BooleanField(null=True, editable=False, verbose_name="Kueue found",
+                                      help_text="Whether the last check found Kueue (its Workload kind) on the "
+                                                "cluster; empty: not checked yet.")
+    kueue_detail = models.CharField(max_length=300, blank=True, editable=False, verbose_name="Kueue check",
+                                    help_text="What the last check found of Kueue.")
     mpijob_command = models.CharField(max_length=20, choices=MPIJobCommand.choices, default=MPIJobCommand.MPIRUN,
                                       verbose_name="MPIJob command",
                                       help_text="What the MPIJob's launcher pod runs to start a Horovod job's ranks.")
@@ -497,6 +504,37 @@ class Cluster(models.Model):
             return ""
         return decrypt(self.kubeconfig_encrypted, f"the kubeconfig of cluster {self.name}",
                        f"store its kubeconfig again (the admin's Clusters, or manage.py add_cluster --name {self.name} ...)")
+
+
+class QueueMapping(models.Model):
+    """The Kueue LocalQueue a group's or a user's jobs on a cluster go to, in place of the
+    cluster's default (Cluster.kueue_queue). A user's own mapping wins over their group's
+    (jobs.backends.clusters.queue_for). The LocalQueue may sit in the group's namespace."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="queue_mappings")
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="+")
+    queue = models.CharField(max_length=63, verbose_name="LocalQueue",
+                             help_text="The kueue.x-k8s.io/queue-name label of these jobs.")
+
+    class Meta:
+        ordering = ["cluster__name", "group__name", "user__username"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False)),
+                name="queue_mapping_user_xor_group",
+                violation_error_message="Give a user or a group, not both.",
+            ),
+            models.UniqueConstraint(fields=["cluster", "user"], condition=Q(user__isnull=False),
+                                    name="queue_mapping_once_per_cluster_user"),
+            models.UniqueConstraint(fields=["cluster", "group"], condition=Q(group__isnull=False),
+                                    name="queue_mapping_once_per_cluster_group"),
+        ]
+
+    def __str__(self):
+        who = f"user {self.user}" if self.user_id else f"group {self.group}"
+        return f"{who} on {self.cluster}: {self.queue}"
 
 
 class Installation(models.Model):

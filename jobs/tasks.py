@@ -5,7 +5,7 @@ The domain never imports this module: it queues these tasks by name (jobs.taskqu
 from celery import shared_task
 from celery.signals import worker_ready
 
-from jobs.backends import instances
+from jobs.backends import clusters, instances
 from jobs.domain import follow, scheduler
 
 
@@ -31,6 +31,13 @@ def stop_job(job_id):
 def check_instances():
     """Health of every enabled GPU instance over SSH (from beat, and on demand)."""
     return {name: ok for name, (ok, _) in instances.check_all().items()}
+
+
+@shared_task
+def check_clusters():
+    """Whether every enabled cluster is reachable, and whether Kueue runs there (kept on the
+    cluster, for its admin page and the job form)."""
+    return {name: ok for name, (ok, _) in clusters.check_all().items()}
 
 
 @shared_task

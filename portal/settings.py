@@ -157,6 +157,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": 15.0},
     "check-instances": {"task": "jobs.tasks.check_instances", "schedule": 60.0},
+    "check-clusters": {"task": "jobs.tasks.check_clusters", "schedule": 300.0},
 }
 
 # --- auth and API ---------------------------------------------------------------------------

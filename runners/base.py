@@ -169,6 +169,13 @@ class Status:
     reason: str
 
 
+@dataclass(frozen=True)
+class Requeued:
+    """The running job was stopped by the cluster's queue (Kueue preempted or evicted it) and
+    waits to be admitted again, when it starts over by itself (follow yields Running again)."""
+    reason: str
+
+
 class Bell:
     """What wakes a waiting follow when another thread has news for it (a watch saw its pods
     change, a log stream read its lines): ring() from any thread; the follower's driver listens.
@@ -260,7 +267,7 @@ class Runner(ABC):
 
     @abstractmethod
     def follow(self, spec: JobSpec, offset: int,
-               cursor: dict | None = None) -> Iterator[Output | Running | Status | Waiting | Exited]:
+               cursor: dict | None = None) -> Iterator[Output | Running | Status | Requeued | Waiting | Exited]:
         """Yield the launcher's output from byte `offset` on, then Exited. `cursor` is the last
         Output's cursor that was stored, for runners that use one. It never blocks waiting for
         output: it yields Waiting (what to wake it on) and looks again when resumed. A caller that stops early

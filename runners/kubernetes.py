@@ -29,7 +29,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import kubeinformer, kubelogs, kubestatus, launchers, mpijob, trainjob
+from . import kubeinformer, kubelogs, kubestatus, kueue, launchers, mpijob, trainjob
 from .base import Bell, Output, Runner, Started, Waiting
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Timings:
     image_pull_grace_seconds: float = 300
     drain_seconds: float = 30           # after the end: how long to wait for the log's last lines
     cancel_seconds: float = 120         # cancel waits this long for the pods to go
+    kueue_seconds: float = 10           # a job Kueue holds: its Workload and place are read this often
 
 
 class KubernetesError(Exception):
@@ -268,6 +269,8 @@ class _Follow:
         self.mpijob = None
         self.deleted = False
         self.view = None
+        self.queue = None                    # Kueue's view of the job (kueue.QueueView), where it is queued
+        self.next_queue_look = 0.0
         self.logs = _LauncherLogs(self, cursor)
 
     def _changed(self):
@@ -296,6 +299,23 @@ class _Follow:
             self.mpijob = self.runner._get_mpijob(self.spec)
             self.deleted = self.mpijob is None
 
+    def _look_at_queue(self, now, changed, running):
+        """Read what Kueue says of a job labelled for one of its queues: when the job changed
+        (Kueue unsuspends it on admission and suspends it on preemption), and every
+        Timings.kueue_seconds while it is held. A failed read keeps the last view."""
+        if not kueue.queue_of(self.mpijob) or self.deleted:
+            self.queue = None
+            return
+        held = not running or kubestatus.suspended(self.mpijob)
+        if not held or not (changed or now >= self.next_queue_look):
+            return
+        self.next_queue_look = now + self.timings.kueue_seconds
+        try:
+            self.queue = kueue.look(self.runner.api_client, self.runner.namespace, self.mpijob,
+                                    self.timings.request_seconds)
+        except Exception as exc:            # never the end of the follow: Kueue's words wait
+            log.info("job %s: reading its Kueue workload failed (%s)", self.spec.job_id, _message(exc))
+
     def _run(self):
         observation, next_poll, next_tick = kubestatus.Observation(), 0.0, 0.0
         self.changed.set()                    # look at once
@@ -322,11 +342,13 @@ class _Follow:
                         self.ended = True
                 pods = self.view.pods()
                 events = self.view.events() if polled and not observation.running_told else ()
+                if polled:
+                    self._look_at_queue(now, changed, observation.running_told)
                 decision = kubestatus.observe(
                     observation,
                     kubestatus.Seen(mpijob=self.mpijob, deleted=self.deleted, pods=pods, events=events, polled=polled,
                                     drained=self.logs.drained, now=now, min_gpus=self.spec.min_gpus,
-                                    reading=self.reading),
+                                    reading=self.reading, queue=self.queue),
                     self.timings.image_pull_grace_seconds, self.timings.drain_seconds)
                 observation = decision.observation
                 if observation.ended_at is not None:

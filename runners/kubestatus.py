@@ -14,7 +14,8 @@ from datetime import datetime
 
 from typing import Callable
 
-from .base import Exited, Running, Status
+from .base import Exited, Requeued, Running, Status
+from .kueuestatus import eviction as kueue_eviction, waiting as kueue_waiting
 from .mpijob import JOB_ROLE_LABEL, LAUNCHER
 from .trainjob import CONTAINER as TRAINER_CONTAINER
 
@@ -55,7 +56,14 @@ def outcome(mpijob):
 
 
 def is_running(mpijob):
-    return condition(mpijob, "Running") is not None
+    return condition(mpijob, "Running") is not None and not suspended(mpijob)
+
+
+def suspended(job):
+    """Whether the MPIJob (runPolicy.suspend) or TrainJob (suspend) is suspended: by Kueue, which
+    creates a labelled job so and unsuspends it on admission."""
+    spec = (job or {}).get("spec") or {}
+    return bool((spec.get("runPolicy") or {}).get("suspend") or spec.get("suspend"))
 
 
 def _role(pod):
@@ -124,7 +132,7 @@ def trainer_pods(pods):
 
 def trainjob_running(trainjob, pods):
     """Every node of the TrainJob has its pod running (or already finished), unsuspended."""
-    if trainjob is None or condition(trainjob, "Suspended"):
+    if trainjob is None or condition(trainjob, "Suspended") or suspended(trainjob):
         return False
     nodes = ((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1
     started = [p for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")]
@@ -360,6 +368,7 @@ class Seen:
     now: float = 0.0
     min_gpus: int | None = None     # an elastic job's minimum (None: a job of one size)
     reading: "Reading" = None       # what kind it is (None: an MPIJob)
+    queue: object = None            # Kueue's view of it (runners.kueue.QueueView; None: no queue, or not read)
 
 
 @dataclass(frozen=True)
@@ -402,7 +411,13 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
         after, pulled = _look_at_pods(after, seen, trouble, pull_grace_seconds, reading)
         if pulled is not None:
             return Decision(after, (pulled,), delete=True, done=True)
-        reason = after.notes_text() if after.running_told else (trouble.waiting or reading.waiting(seen.mpijob))
+        if after.running_told and suspended(seen.mpijob):
+            # Kueue took the job's quota back (the portal never suspends a job): its pods go;
+            # it runs again once re-admitted.
+            after = replace(after, running_told=False, told="", notes=(), last_code=None)
+            tell.append(Requeued((kueue_eviction(seen.queue) or "suspended by Kueue")[:500]))
+        reason = after.notes_text() if after.running_told else (
+            trouble.waiting or _queued(seen) or reading.waiting(seen.mpijob))
         if reason != after.told and (reason or after.told):
             after = replace(after, told=reason)
             tell.append(Status(reason[:500]))
@@ -418,6 +433,13 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
             tell.append(_end(end, after, seen.drained, reading))
             return Decision(after, tuple(tell), done=True)
     return Decision(after, tuple(tell))
+
+
+def _queued(seen):
+    """Why Kueue holds a suspended job, or ""."""
+    if seen.queue is None or not suspended(seen.mpijob):
+        return ""
+    return kueue_waiting(seen.queue)
 
 
 def _gpus(pod):

@@ -120,7 +120,8 @@ def new_pod_patch(spec, cluster):
 
 
 def new_trainjob(spec, cluster):
-    """The whole TrainJob for `spec` on `cluster`: created suspended where Kueue admits it."""
+    """The whole TrainJob for `spec` on `cluster`, labelled for the cluster's Kueue queue where
+    it has one (Kueue's webhook, not the portal, then creates it suspended)."""
     body = {
         "runtimeRef": {"apiGroup": GROUP, "kind": RUNTIME_KIND, "name": cluster.training_runtime},
         "trainer": new_trainer(spec, cluster),
@@ -128,8 +129,6 @@ def new_trainjob(spec, cluster):
     }
     if spec.time_limit_seconds:
         body["activeDeadlineSeconds"] = spec.time_limit_seconds
-    if cluster.kueue_queue:
-        body["suspend"] = True
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

@@ -53,6 +53,9 @@ EXPECTED_RULES = {
     *(("", "pods", v) for v in ("get", "list", "watch", "delete")),
     ("", "pods/log", "get"),
     *(("", "events", v) for v in ("get", "list", "watch")),
+    *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),
+    ("kueue.x-k8s.io", "localqueues", "get"),
+    ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
 
 

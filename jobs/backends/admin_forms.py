@@ -10,8 +10,9 @@ from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured
 from django.forms.models import model_to_dict
 
-from jobs.backends.clusters import ClusterError, cluster_problems, parse_kubeconfig
-from jobs.models import Cluster, Instance
+from jobs.backends.clusters import (ClusterError, cluster_problems, kueue_refusal, parse_kubeconfig, queue_problem,
+                                   record_kueue)
+from jobs.models import Cluster, Instance, QueueMapping
 from runners import ssh
 
 
@@ -110,12 +111,25 @@ class ClusterForm(forms.ModelForm):
         self._clean_kubeconfig(data)
         return data
 
+    # Whether a queue name is checked against the cluster (API discovery of Kueue) before it
+    # is saved; add_cluster --no-check turns it off.
+    check_kueue = True
+
     def _post_clean(self):
         super()._post_clean()              # the instance now holds the cleaned values
         if not self.errors:
             for field, messages in cluster_problems(self.instance).items():
                 for message in messages:
                     self.add_error(None if field == NON_FIELD_ERRORS else field, message)
+        if not self.errors and self.check_kueue and self.instance.kueue_queue:
+            self._refuse_a_queue_without_kueue()
+
+    def _refuse_a_queue_without_kueue(self):
+        """A queue name on a cluster that answers without Kueue is refused: such a job would
+        never be admitted. A cluster that cannot be asked now keeps the name (its check says so)."""
+        found, detail = record_kueue(self.instance)
+        if found is False:
+            self.add_error("kueue_queue", kueue_refusal(self.instance, self.instance.kueue_queue, detail))
 
     def _clean_kubeconfig(self, data):
         text = data.get("kubeconfig") or ""
@@ -131,3 +145,28 @@ class ClusterForm(forms.ModelForm):
             self.instance.set_kubeconfig(text)
         except (ClusterError, ImproperlyConfigured) as exc:
             self.add_error("kubeconfig", str(exc))
+
+
+class QueueMappingForm(forms.ModelForm):
+    """A group's or a user's own LocalQueue on a cluster (the admin's inline and map_queue): a
+    valid label value, on a cluster whose last check did not find Kueue missing."""
+
+    class Meta:
+        model = QueueMapping
+        fields = ["cluster", "group", "user", "queue"]
+
+    def clean_queue(self):
+        queue = self.cleaned_data["queue"]
+        problem = queue_problem(queue)
+        if problem:
+            raise forms.ValidationError(problem)
+        return queue
+
+    def clean(self):
+        data = super().clean()
+        cluster, queue = data.get("cluster"), data.get("queue")
+        if cluster is None and self.instance.cluster_id:    # an inline on its cluster's page
+            cluster = self.instance.cluster
+        if cluster is not None and queue and cluster.kueue_found is False:
+            self.add_error("queue", kueue_refusal(cluster, queue, cluster.kueue_detail))
+        return data

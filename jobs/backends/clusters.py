@@ -7,10 +7,10 @@ import re
 import yaml
 from django.conf import settings
 
-from runners import launchers, mpijob
+from runners import kueue, launchers, mpijob
 from runners.kubernetes import KubernetesRunner, Timings
 
-from jobs.models import Cluster
+from jobs.models import Cluster, QueueMapping
 
 
 class ClusterError(ValueError):
@@ -39,6 +39,13 @@ _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 
 
+def queue_problem(queue):
+    """Why `queue` cannot be a kueue.x-k8s.io/queue-name label, or None."""
+    if len(queue) > 63 or not _LABEL_VALUE.match(queue):
+        return "Must be a valid label value (a LocalQueue name)."
+    return None
+
+
 def cluster_problems(cluster):
     """{field: [message]} for settings no MPIJob on `cluster` could be created with."""
     from runners.base import JobSpec
@@ -48,8 +55,8 @@ def cluster_problems(cluster):
     if len(sample) > 63 or not _DNS_LABEL.match(sample):
         problems["namespace"] = ["Must be a namespace name (lowercase letters, digits and -), "
                                  "optionally with {group} in it."]
-    if len(cluster.kueue_queue) > 63 or not _LABEL_VALUE.match(cluster.kueue_queue):
-        problems["kueue_queue"] = ["Must be a valid label value (a LocalQueue name)."]
+    if problem := queue_problem(cluster.kueue_queue):
+        problems["kueue_queue"] = [problem]
     if not isinstance(cluster.node_selector, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in cluster.node_selector.items()):
         problems["node_selector"] = ['Must be an object of label names to strings, e.g. {"gpu": "a100"}.']
@@ -70,14 +77,28 @@ class _SampleGroup:
     name = "group"
 
 
-def cluster_spec(cluster, group=None):
+def queue_for(cluster, user=None, group=None):
+    """The Kueue LocalQueue of a job of `user` charged to `group` on `cluster` (its
+    kueue.x-k8s.io/queue-name label; "" for none): the user's own mapping, else the group's,
+    else the cluster's default."""
+    if cluster.pk:
+        mappings = QueueMapping.objects.filter(cluster=cluster.pk)
+        for field, who in (("user", user), ("group", group)):
+            if getattr(who, "pk", None):
+                queue = mappings.filter(**{field: who.pk}).values_list("queue", flat=True).first()
+                if queue:
+                    return queue
+    return cluster.kueue_queue
+
+
+def cluster_spec(cluster, group=None, user=None):
     return mpijob.ClusterSpec(
         namespace=namespace_for(cluster, group),
         gpus_per_node=cluster.gpus_per_node,
         node_selector=dict(cluster.node_selector or {}),
         tolerations=tuple(cluster.tolerations or ()),
         priority_class=cluster.priority_class,
-        kueue_queue=cluster.kueue_queue,
+        kueue_queue=queue_for(cluster, user, group),
         mpijob_command=cluster.mpijob_command,
         training_runtime=cluster.training_runtime,
         cpu_per_gpu=cluster.cpu_per_gpu,
@@ -120,6 +141,7 @@ def timings(cluster):
         request_seconds=settings.RINGMASTER_KUBE_REQUEST_SECONDS,
         poll_seconds=settings.RINGMASTER_KUBE_POLL_SECONDS,
         image_pull_grace_seconds=cluster.image_pull_grace_seconds,
+        kueue_seconds=settings.RINGMASTER_KUBE_POLL_SECONDS * 5,
     )
 
 
@@ -133,7 +155,7 @@ def connection_key(cluster):
 def runner_for(job):
     """The runner of a kubernetes job on its cluster."""
     cluster = job.cluster
-    return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group), timings(cluster),
+    return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group, job.owner), timings(cluster),
                             cluster_name=cluster.name, connection=connection_key(cluster))
 
 
@@ -148,7 +170,7 @@ def render(job):
     from jobs.backends import job_spec
 
     builder = builder_of(job)
-    return builder.KIND, builder.new_document(job_spec(job), cluster_spec(job.cluster, job.charged_group))
+    return builder.KIND, builder.new_document(job_spec(job), cluster_spec(job.cluster, job.charged_group, job.owner))
 
 
 def default_cluster():
@@ -157,8 +179,44 @@ def default_cluster():
     return clusters[0] if len(clusters) == 1 else None
 
 
+def kueue_presence(cluster):
+    """(True, False or None where the cluster could not be asked; what was found): whether
+    the cluster serves Kueue's Workload kind (API discovery of kueue.x-k8s.io)."""
+    from runners.kubernetes import _message
+
+    try:
+        found = kueue.discover(api_client(cluster), settings.RINGMASTER_KUBE_REQUEST_SECONDS)
+    except ClusterError as exc:
+        return None, str(exc)
+    except Exception as exc:
+        return None, f"cannot tell whether Kueue runs there: {_message(exc)}"
+    return found.found, found.detail
+
+
+def kueue_refusal(cluster, queue, detail):
+    """Why a job labelled for `queue` may not go to `cluster`, whose last check found no Kueue."""
+    return (f"Kueue is not installed on cluster {cluster.name} ({detail}): a job in queue {queue} would never "
+            "be admitted. Install Kueue (deploy/KUBERNETES.md), or leave the queue empty.")
+
+
+def record_kueue(cluster):
+    """Look for Kueue on the cluster and keep what was found on it; returns (found, detail)."""
+    found, detail = kueue_presence(cluster)
+    if found is not None:
+        cluster.kueue_found, cluster.kueue_detail = found, detail[:300]
+        if cluster.pk:
+            Cluster.objects.filter(pk=cluster.pk).update(kueue_found=found, kueue_detail=detail[:300])
+    return found, detail
+
+
+def check_all():
+    """Check every enabled cluster (from beat): whether it is reachable, and Kueue there."""
+    return {cluster.name: check(cluster) for cluster in Cluster.objects.filter(enabled=True)}
+
+
 def check(cluster):
-    """(ok, what was found): can the portal reach the cluster and list MPIJobs there?"""
+    """(ok, what was found): can the portal reach the cluster and list MPIJobs there? Whether
+    Kueue runs there is recorded on the cluster; a queue name without Kueue fails the check."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -179,4 +237,10 @@ def check(cluster):
         return False, str(exc)
     except Exception as exc:
         return False, _message(exc)
-    return True, f"reachable; MPIJobs can be listed in {namespace}"
+    found, detail = record_kueue(cluster)
+    queues = {cluster.kueue_queue} - {""}
+    if cluster.pk:
+        queues |= set(cluster.queue_mappings.values_list("queue", flat=True))
+    if found is False and queues:
+        return False, kueue_refusal(cluster, ", ".join(sorted(queues)), detail)
+    return True, f"reachable; MPIJobs can be listed in {namespace}; {detail}"

@@ -6,6 +6,7 @@ from django.db.models import Q, Sum
 from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend
+from jobs.backends import clusters
 from jobs.backends.clusters import ClusterError, builder_of, default_cluster, namespace_for, render, runner_for
 from jobs.backends.waits import Wait
 from jobs.models import ACTIVE_STATES, Cluster, Job, in_use_expression
@@ -120,6 +121,9 @@ class KubernetesBackend(Backend):
                 namespace_for(cluster, data.get("group"))
             except ClusterError as exc:
                 form.add_error("group", str(exc))
+            queue = clusters.queue_for(cluster, getattr(form, "user", None), data.get("group"))
+            if queue and cluster.kueue_found is False and "cluster" not in form.errors:
+                form.add_error("cluster", clusters.kueue_refusal(cluster, queue, cluster.kueue_detail))
 
     @staticmethod
     def _cluster(form, value):

@@ -3,7 +3,9 @@
 A job's running time is started_at (RUNNING) to finished_at, whatever the end: succeeded, failed
 (a crash, a time limit) or cancelled while running; jobs.domain.states.transition records both times and
 `gpu_seconds` in the same row and transaction as the final state. A job that never ran (cancelled
-while queued, a launch that failed) used nothing. A running job counts up to now.
+while queued, a launch that failed) used nothing. A running job counts up to now. A job whose size
+changed while it ran counts the size it had over time, from its events that carry one: an elastic
+job's resizes, and a requeued job's time back in the cluster's queue (size 0) until it ran again.
 
 Why a query over the job table and no separate UsageDay table: the job rows are already the
 record, written once with the state change, so usage survives restarts and there is nothing to
@@ -17,7 +19,7 @@ import csv
 from collections import defaultdict
 from datetime import datetime, time, timedelta
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent
@@ -41,6 +43,12 @@ def segments(started, end, gpus, changes=()):
     return found
 
 
+def sized_over_time():
+    """The jobs whose GPUs changed while they ran (a Q over Job): elastic jobs, and jobs the
+    cluster's queue stopped for a while (an event of size 0). The rest held `gpus` throughout."""
+    return Q(max_gpus__isnull=False) | Exists(JobEvent.objects.filter(job=OuterRef("pk"), gpus=0))
+
+
 def size_changes(job_ids):
     """{job id: [(moment, GPUs)]}: the size history of elastic jobs (their events that carry one)."""
     changes = defaultdict(list)
@@ -58,7 +66,7 @@ def job_gpu_seconds(job, now=None):
     if job.finished_at is not None and job.gpu_seconds:
         return job.gpu_seconds
     end = job.finished_at or now or timezone.now()
-    changes = size_changes([job.pk]).get(job.pk, []) if job.max_gpus else []
+    changes = size_changes([job.pk]).get(job.pk, [])
     return sum((b - a).total_seconds() * size for a, b, size in segments(job.started_at, end, job.gpus, changes))
 
 
@@ -88,7 +96,7 @@ def daily_usage(first_day, last_day, jobs=None, now=None):
     start, end = day_start(first_day), min(day_start(last_day + timedelta(days=1)), now)
     usage = defaultdict(float)
     ran = ran_between(start, end, jobs).order_by()
-    changes = size_changes(ran.filter(max_gpus__isnull=False).values_list("pk", flat=True))
+    changes = size_changes(ran.filter(sized_over_time()).values_list("pk", flat=True))
     rows = ran.values_list("pk", "owner__username", "charged_group__name", "backend", "gpus", "started_at",
                            "finished_at")
     for pk, user, group, backend, gpus, started, finished in rows.iterator(chunk_size=5000):

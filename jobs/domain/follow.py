@@ -30,7 +30,7 @@ from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
 from jobs.secrets import SecretError
-from runners.base import Bell, Exited, Output, Running, Status, Waiting
+from runners.base import Bell, Exited, Output, Requeued, Running, Status, Waiting
 from runners.output import OutputSplitter
 
 log = logging.getLogger(__name__)
@@ -321,6 +321,9 @@ class _Following:
                 self.running = True
             elif isinstance(event, Status):
                 states.set_reason(self.job_id, event.reason)
+            elif isinstance(event, Requeued):
+                states.transition(self.job_id, State.LAUNCHING, expect={State.RUNNING}, reason=event.reason)
+                self.running = False
             elif isinstance(event, Exited):
                 lines = self.splitter.finish()
                 self.job = job = Job.objects.get(pk=self.job_id)

@@ -194,7 +194,7 @@ class QuotaBook:
             )
             overlapping = (self._jobs().filter(started_at__isnull=False, started_at__lt=self.now)
                            .filter(Q(finished_at__isnull=True) | Q(finished_at__gt=since)).order_by())
-            rows = (overlapping.filter(max_gpus__isnull=True)
+            rows = (overlapping.exclude(accounting.sized_over_time())
                     .values_list("owner_id", "charged_group_id", "backend", "gpus")
                     .annotate(ran=Sum(ran)))
             seconds = defaultdict(float)
@@ -202,8 +202,8 @@ class QuotaBook:
                 value = max(duration.total_seconds(), 0.0) * gpus if duration else 0.0
                 for key in self._keys(owner_id, group_id, backend):
                     seconds[key] += value
-            # Elastic jobs count the size they had over time (few: read one by one).
-            elastic = list(overlapping.filter(max_gpus__isnull=False).values_list(
+            # Elastic and requeued jobs count the size they had over time (few: read one by one).
+            elastic = list(overlapping.filter(accounting.sized_over_time()).values_list(
                 "pk", "owner_id", "charged_group_id", "backend", "gpus", "started_at", "finished_at"))
             changes = accounting.size_changes(row[0] for row in elastic)
             for pk, owner_id, group_id, backend, gpus, started, finished in elastic:

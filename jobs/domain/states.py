@@ -2,6 +2,8 @@
 
     QUEUED -> LAUNCHING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
     QUEUED | LAUNCHING -> CANCELLED,  QUEUED | LAUNCHING -> FAILED (launch trouble)
+    RUNNING -> LAUNCHING: the cluster's queue (Kueue) preempted or evicted the running job; it
+        waits there, launched, and runs again (LAUNCHING -> RUNNING) once re-admitted
 
 transition() locks the job row, checks the move, saves the job and records a JobEvent in the
 same transaction, and tells live viewers once the transaction commits.
@@ -20,7 +22,7 @@ from jobs.models import Job, JobEvent, State
 ALLOWED = {
     State.QUEUED: {State.LAUNCHING, State.CANCELLED, State.FAILED},
     State.LAUNCHING: {State.RUNNING, State.CANCELLED, State.FAILED, State.SUCCEEDED},
-    State.RUNNING: {State.SUCCEEDED, State.FAILED, State.CANCELLED},
+    State.RUNNING: {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LAUNCHING},
     State.SUCCEEDED: set(),
     State.FAILED: set(),
     State.CANCELLED: set(),
@@ -59,6 +61,7 @@ def transition(job_id, target, *, message="", expect=None, **fields):
         if not can_transition(job.state, target):
             raise IllegalTransition(job, target)
         now = timezone.now()
+        requeued = job.state == State.RUNNING and target == State.LAUNCHING
         job.state = target
         for name, value in fields.items():
             setattr(job, name, value)
@@ -77,8 +80,9 @@ def transition(job_id, target, *, message="", expect=None, **fields):
             if "reason" not in fields:
                 job.reason = ""
         job.save()
-        # The size it runs at from here: where GPU-seconds of an elastic job start counting.
-        size = job.size if target == State.RUNNING else None
+        # The size it runs at from here: where GPU-seconds of an elastic job start counting, and
+        # stop while a requeued job waits (0: it holds no GPUs of the cluster).
+        size = job.size if target == State.RUNNING else (0 if requeued else None)
         JobEvent.objects.create(job=job, state=target, message=message or fields.get("reason", ""), gpus=size)
         transaction.on_commit(lambda: _announce(job))
     return job

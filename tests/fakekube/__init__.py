@@ -12,7 +12,9 @@ and plays the MPI operator and the kubelet from a Scenario (sim.py). Usage:
 
 Parts: store.py (objects, resourceVersion, watch history, selectors, Status errors), schema.py (CRD
 validation, defaulting, pruning), server.py (FakeKube, HTTP routing, watch and log streaming, Faults),
-sim.py (Scenario, the per-MPIJob operator/kubelet thread)."""
+sim.py (Scenario, the per-MPIJob operator/kubelet thread), kueue.py (Kueue, once
+fake.enable_kueue(gpus=16, queues=[("team-a", "team-queue")]) installed it: its API group, webhook,
+Workloads, quota, preemption and visibility API)."""
 from .server import Faults, FakeKube
 from .sim import Scenario, default_output
 from .store import ApiError

@@ -10,6 +10,9 @@ import yaml
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "runners" / "schemas" / "mpijob-crd-v2beta1.yaml"
 TRAINJOB_CRD_PATH = CRD_PATH.with_name("trainjob-crd-v1alpha1.yaml")
+# Kueue's CRDs, shared by the projects beside this repository (../shared/schemas).
+KUEUE_CRD_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
+KUEUE_VERSION = "v1beta1"
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -33,11 +36,18 @@ def _strip_extensions(node):
 
 
 @functools.lru_cache(maxsize=None)
-def load_crd_schema(path=CRD_PATH):
+def load_crd_schema(path=CRD_PATH, version=None):
+    """The openAPIV3Schema of the CRD at `path`: of `version`, or of its storage version."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crd = yaml.load(Path(path).read_text(), Loader=loader)
-    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
-    return version["schema"]["openAPIV3Schema"]
+    found = next(v for v in crd["spec"]["versions"] if (v["name"] == version if version else v.get("storage")))
+    return found["schema"]["openAPIV3Schema"]
+
+
+@functools.lru_cache(maxsize=None)
+def kueue_schema(plural):
+    """Kueue's v1beta1 schema of `plural` (workloads, localqueues, clusterqueues)."""
+    return CRDSchema(load_crd_schema(KUEUE_CRD_DIR / f"kueue-{plural}-crd.yaml", KUEUE_VERSION))
 
 
 class CRDSchema:

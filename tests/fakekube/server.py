@@ -19,9 +19,10 @@ from typing import Optional
 import yaml
 
 from . import schema as crd
+from .kueue import Kueue
 from .sim import JOB_NAME, JOBSET_NAME, JobRunner, Scenario, TrainJobRunner
-from .store import (RESOURCES, WORKLOADS, ApiError, Store, api_version, bad_request, not_found,
-                    parse_field_selector, parse_label_selector, rfc3339)
+from .store import (CLUSTER_SCOPED, KUEUE_RESOURCES, RESOURCES, WORKLOADS, ApiError, Store, api_version, bad_request,
+                    not_found, parse_field_selector, parse_label_selector, rfc3339)
 
 HTTP_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
                 410: "Gone", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -121,6 +122,7 @@ class FakeKube:
         self.raw_requests = []      # (method, path?query, status code)
         self.errors = []            # exceptions raised inside runner threads (a bug in the fake)
         self.runners = {}           # (ns, name) -> JobRunner of the current object
+        self.kueue = None           # Kueue (kueue.py) once enable_kueue() made it
         self.stopping = threading.Event()
         self._logs = {}             # pod uid -> {"lines": [(ns, bytes)], "partial": bytearray, "done": bool}
         self._job_uids = {}
@@ -161,6 +163,13 @@ class FakeKube:
 
     def __exit__(self, *exc):
         self.stop()
+
+    def enable_kueue(self, **options):
+        """Install Kueue (tests/fakekube/kueue.py): its API group is served from now on, its
+        webhook suspends labelled jobs, its controller admits them. `options`: Kueue's."""
+        self.kueue = Kueue(self, **options)
+        self.kueue.start()
+        return self.kueue
 
     @property
     def url(self):
@@ -485,6 +494,12 @@ def _trainjob_rules(obj):
     return causes
 
 
+def _api_group(group, version):
+    """An APIGroup entry of discovery with one version."""
+    gv = {"groupVersion": f"{group}/{version}", "version": version}
+    return {"name": group, "versions": [gv], "preferredVersion": gv}
+
+
 def _drain(events):
     """What a queue holds now, without waiting."""
     taken = []
@@ -606,7 +621,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": self.fake.url[len("http://"):]}]})
         elif parts == ["apis"]:
-            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            kueue = [_api_group("kueue.x-k8s.io", "v1beta1")] if self.fake.kueue is not None else []
+            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": kueue + [
                 {"name": "kubeflow.org", "versions": [{"groupVersion": "kubeflow.org/v2beta1", "version": "v2beta1"}],
                  "preferredVersion": {"groupVersion": "kubeflow.org/v2beta1", "version": "v2beta1"}},
                 {"name": "trainer.kubeflow.org",
@@ -627,6 +643,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                                 "list", "patch", "create", "update", "watch"]},
                                                {"name": "mpijobs/status", "singularName": "", "namespaced": True,
                                                 "kind": "MPIJob", "verbs": ["get", "patch", "update"]}]})
+        elif parts == ["apis", "kueue.x-k8s.io"] and self.fake.kueue is not None:
+            self.send_json(200, {**_api_group("kueue.x-k8s.io", "v1beta1"), "kind": "APIGroup", "apiVersion": "v1"})
+        elif parts == ["apis", "kueue.x-k8s.io", "v1beta1"] and self.fake.kueue is not None:
+            self.send_json(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                 "groupVersion": "kueue.x-k8s.io/v1beta1",
+                                 "resources": [{"name": resource, "singularName": RESOURCES[resource][2].lower(),
+                                                "namespaced": resource not in CLUSTER_SCOPED,
+                                                "kind": RESOURCES[resource][2],
+                                                "verbs": ["delete", "deletecollection", "get", "list", "patch",
+                                                          "create", "update", "watch"]}
+                                               for resource in KUEUE_RESOURCES]})
+        elif (len(parts) == 8 and parts[:4] == ["apis", "visibility.kueue.x-k8s.io", "v1beta1", "namespaces"]
+              and parts[5] == "localqueues" and parts[7] == "pendingworkloads" and self.fake.kueue is not None):
+            self.fake.requests.append(("get", "visibility.kueue.x-k8s.io", "localqueues", "pendingworkloads",
+                                       parts[4], parts[6]))
+            self.send_json(200, self.fake.kueue.pending_workloads(parts[4], parts[6]))
         else:
             return False
         return True
@@ -638,6 +670,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             group, rest = "kubeflow.org", parts[3:]
         elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["trainer.kubeflow.org", "v1alpha1"]:
             group, rest = "trainer.kubeflow.org", parts[3:]
+        elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["kueue.x-k8s.io", "v1beta1"] \
+                and self.fake.kueue is not None:
+            group, rest = "kueue.x-k8s.io", parts[3:]
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = None
@@ -646,6 +681,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not rest or rest[0] not in RESOURCES or RESOURCES[rest[0]][0] != group or len(rest) > 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         resource, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else "")
+        if resource in CLUSTER_SCOPED:
+            if ns is not None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            ns = ""
         if sub and (resource, sub) not in {("pods", "log"), ("pods", "status"), ("mpijobs", "status"),
                                            ("trainjobs", "status")}:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -741,6 +780,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise bad_request("strict decoding error: " + ", ".join(warnings))
             if resource == "trainjobs":
                 fake._admit_trainjob_webhook(obj)
+            if fake.kueue is not None:
+                fake.kueue.default(resource, obj)
             obj.pop("status", None)    # the status subresource is not writable through create
             created = fake.store.create(resource, obj)
             fake._start_runner(created)

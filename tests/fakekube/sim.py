@@ -73,6 +73,11 @@ class Gone(Exception):
     """The MPIJob was deleted (or the server stops): the thread unwinds."""
 
 
+class Suspended(Exception):
+    """The running job was suspended (Kueue preempted it): its pods go, and it starts over once
+    it is unsuspended."""
+
+
 class JobRunner(threading.Thread):
     resource = "mpijobs"
 
@@ -95,6 +100,8 @@ class JobRunner(threading.Thread):
         self.launcher_failed = 0
         self.node_of = {}
         self.elastic = elastic_options(self.replica)
+        self.created = False                  # the Created condition and event are made once
+        self.watch_suspend = False            # started: a suspension now stops the job
 
     # --- plumbing -----------------------------------------------------------------------------
     def alive(self):
@@ -106,6 +113,8 @@ class JobRunner(threading.Thread):
         while True:
             if not self.alive():
                 raise Gone()
+            if self.watch_suspend and self.suspended_now():
+                raise Suspended()
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -115,7 +124,32 @@ class JobRunner(threading.Thread):
         while not event.is_set():
             if not self.alive():
                 raise Gone()
+            if self.watch_suspend and self.suspended_now():
+                raise Suspended()
             event.wait(0.05)
+
+    def suspended_now(self):
+        obj = self.store.objects.get((self.resource, self.ns, self.name))
+        if obj is None:
+            return False
+        spec = obj["spec"]
+        return bool((spec.get("runPolicy") or {}).get("suspend") if self.resource == "mpijobs" else spec.get("suspend"))
+
+    def stop_for_suspend(self):
+        """The operator's answer to a suspended running job: every pod of it goes (the launcher
+        Job is suspended, the workers deleted), and the job says it is suspended."""
+        self.watch_suspend = False
+        for pod in self.store.list("pods", self.ns):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(JOB_NAME) == self.name or labels.get(JOBSET_NAME) == self.name:
+                self.fake.logs_close(pod)
+                self.fake.delete_pod(self.ns, pod["metadata"]["name"])
+        self.suspended_status()
+
+    def suspended_status(self):
+        msg = f"MPIJob {self.ns}/{self.name} is suspended."
+        self.job_status(lambda st: st.update(replicaStatuses={"Launcher": {}, "Worker": {}}))
+        self.condition("Running", "False", "MPIJobSuspended", msg)
 
     def job_status(self, mutate):
         def apply(obj):
@@ -316,7 +350,11 @@ class JobRunner(threading.Thread):
     # --- the job ------------------------------------------------------------------------------
     def run(self):
         try:
-            self.reconcile()
+            while True:
+                try:
+                    return self.reconcile()
+                except Suspended:
+                    self.stop_for_suspend()
         except (Gone, _PodGone):
             pass
         except Exception as exc:   # a bug in the fake must show up in the tests, not vanish
@@ -329,10 +367,13 @@ class JobRunner(threading.Thread):
         if sc.validation_error or problems:
             self.job_event("Warning", "ValidationError", sc.validation_error or "Invalid MPIJob: " + problems)
             return
-        msg = f"MPIJob {ns}/{name} is created."
-        self.condition("Created", "True", "MPIJobCreated", msg)
-        self.job_event("Normal", "MPIJobCreated", msg)
+        if not self.created:
+            self.created = True
+            msg = f"MPIJob {ns}/{name} is created."
+            self.condition("Created", "True", "MPIJobCreated", msg)
+            self.job_event("Normal", "MPIJobCreated", msg)
         self.wait_unsuspended()
+        self.watch_suspend = True
         self.job_status(lambda st: st.update(startTime=rfc3339(), replicaStatuses={"Launcher": {}, "Worker": {}}))
         self.fake.create_owned_configmap(ns, name, self.uid, self.workers, self.slots)
 
@@ -613,6 +654,8 @@ class TrainJobRunner(JobRunner):
         self.uid = job["metadata"]["uid"]
         self.sc = scenario
         self.released = threading.Event()
+        self.created = False
+        self.watch_suspend = False
         self.job = job
         trainer = job["spec"].get("trainer") or {}
         self.nodes = int(trainer.get("numNodes") or 1)
@@ -695,11 +738,18 @@ class TrainJobRunner(JobRunner):
             self.pause(0.05)
         self.condition("Suspended", "False", "Resumed", "TrainJob is resumed")
 
+    def suspended_status(self):
+        self.job_status(lambda st: st.update(jobsStatus=[{"name": "node", "active": 0, "ready": 0, "succeeded": 0,
+                                                          "failed": 0, "suspended": 1}]))
+
     def reconcile(self):
         sc = self.sc
-        self.condition("Created", "True", "JobsCreationSucceeded", "Succeeded to create Jobs")
-        self.job_event("Normal", "Created", f"TrainJob {self.ns}/{self.name} is created")
+        if not self.created:
+            self.created = True
+            self.condition("Created", "True", "JobsCreationSucceeded", "Succeeded to create Jobs")
+            self.job_event("Normal", "Created", f"TrainJob {self.ns}/{self.name} is created")
         self.wait_unsuspended()
+        self.watch_suspend = True
         pods = [self.make_node_pod(i) for i in range(self.nodes)]
         self.pause()
         if sc.unschedulable:

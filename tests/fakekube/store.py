@@ -16,7 +16,14 @@ RESOURCES = {
     "pods": ("", "v1", "Pod", "PodList"),
     "configmaps": ("", "v1", "ConfigMap", "ConfigMapList"),
     "events": ("", "v1", "Event", "EventList"),
+    # Kueue (tests/fakekube/kueue.py): served only where the fake plays it.
+    "workloads": ("kueue.x-k8s.io", "v1beta1", "Workload", "WorkloadList"),
+    "localqueues": ("kueue.x-k8s.io", "v1beta1", "LocalQueue", "LocalQueueList"),
+    "clusterqueues": ("kueue.x-k8s.io", "v1beta1", "ClusterQueue", "ClusterQueueList"),
+    "resourceflavors": ("kueue.x-k8s.io", "v1beta1", "ResourceFlavor", "ResourceFlavorList"),
 }
+KUEUE_RESOURCES = ("workloads", "localqueues", "clusterqueues", "resourceflavors")
+CLUSTER_SCOPED = {"clusterqueues", "resourceflavors"}     # stored with namespace ""
 WORKLOADS = ("mpijobs", "trainjobs")     # custom resources the fake's controllers run
 # Field selectors the real apiserver supports per resource (others answer 400).
 FIELD_LABELS = {
@@ -30,6 +37,7 @@ FIELD_LABELS = {
                "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
                "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
                "reportingComponent", "source", "type"},
+    **{resource: {"metadata.name", "metadata.namespace"} for resource in KUEUE_RESOURCES},
 }
 
 
@@ -172,7 +180,7 @@ class Watcher:
 
     def wants(self, resource, obj):
         return (resource == self.resource
-                and (self.namespace is None or obj["metadata"].get("namespace") == self.namespace)
+                and (self.namespace is None or obj["metadata"].get("namespace", "") == self.namespace)
                 and self.match(obj))
 
 
@@ -197,7 +205,7 @@ class Store:
         with self.lock:
             items = [copy.deepcopy(o) for (n, _), o in self.kinds[resource].items()
                      if (ns is None or n == ns) and (match is None or match(o))]
-        items.sort(key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return items
 
     # writes
@@ -216,7 +224,7 @@ class Store:
     def create(self, resource, obj):
         with self.lock:
             meta = obj["metadata"]
-            key = (resource, meta["namespace"], meta["name"])
+            key = (resource, meta.get("namespace", ""), meta["name"])
             if key in self.objects:
                 raise already_exists(resource, meta["name"])
             meta.setdefault("uid", str(uuid.uuid4()))

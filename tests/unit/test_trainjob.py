@@ -62,11 +62,11 @@ def test_the_nodes_run_the_rank_launcher_under_torchrun_in_the_job_folder_leavin
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ringmaster"
 
 
-def test_a_kueue_cluster_gets_a_suspended_labelled_trainjob_on_its_runtime():
+def test_a_kueue_cluster_gets_a_labelled_trainjob_on_its_runtime_which_kueue_suspends_not_the_portal():
     cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=8, kueue_queue="team", training_runtime="torch-nccl",
                                  node_selector={"gpu": "h100"})
     job, _ = trainjob.build(spec(), cluster)
-    assert job["spec"]["suspend"] is True
+    assert "suspend" not in job["spec"]
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
     assert job["spec"]["runtimeRef"]["name"] == "torch-nccl"
     assert pod_patch(job)["spec"]["nodeSelector"] == {"gpu": "h100"}

@@ -66,6 +66,7 @@ class Command(BaseCommand):
                      kueue_queue=o["kueue_queue"], mpijob_command=o["mpijob_command"],
                      training_runtime=o["training_runtime"], gpu_limit=o["gpu_limit"],
                      enabled=not o["disabled"], **kept)
+        form.check_kueue = not o["no_check"]
         if not form.is_valid():
             raise CommandError(errors_by_option(form, OPTIONS))
         cluster = form.save()

@@ -17,7 +17,7 @@ class Command(RenderCommand):
         if launchers.of(job.launcher).KUBERNETES != trainjob.__name__:
             raise CommandError(f"job {job.pk} runs with {job.launcher}, not as a TrainJob: see render_mpijob")
         try:
-            document = trainjob.new_trainjob(job_spec(job), cluster_spec(job.cluster, job.charged_group))
+            document = trainjob.new_trainjob(job_spec(job), cluster_spec(job.cluster, job.charged_group, job.owner))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         return document, trainjob.document_problems(document)
