@@ -113,7 +113,7 @@ def direct_run(spec, runner, scratch):
     start = time.time()
     # A session of its own, as in a terminal and as the local runner does: with the kernel's
     # autogroup scheduling, a session is what CPU time is shared between on a busy machine.
-    done = subprocess.run(runner.command(spec), cwd=scratch, env=runner.environment(spec), stdin=subprocess.DEVNULL,
+    done = subprocess.run(runner.command(spec)[0], cwd=scratch, env=runner.environment(spec), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900, start_new_session=True)
     elapsed = time.time() - start
     splitter = OutputSplitter()
@@ -197,7 +197,7 @@ def main():
                    script_content=script, script_path=None, args=tuple(script_args), launcher=args.launcher)
     common.header(f"training overhead: {args.gpus}-rank synthetic benchmark through the portal "
                   f"({'embedded: SQLite, no Redis' if args.embedded else 'PostgreSQL and Redis'}) vs {args.launcher}")
-    print("direct command: " + " ".join(runner.command(spec)) + ("  (ranks pinned to CPUs)" if args.pin else ""))
+    print("direct command: " + " ".join(runner.command(spec)[0]) + ("  (ranks pinned to CPUs)" if args.pin else ""))
     user, token = common.bench_user()
     common.bench_image(launchers="horovod,torchrun")
     order = [("portal", "direct") if k % 2 == 0 else ("direct", "portal") for k in range(args.pairs)]

@@ -107,6 +107,10 @@ JOB_DIR_VAR = "RINGMASTER_JOB_DIR"
 # The host a rank runs on, as the GPU map names it, for launchers that do not say it themselves
 # (horovodrun does, in HOROVOD_HOSTNAME; torchrun does not).
 HOST_NAME_VAR = "RINGMASTER_HOSTNAME"
+# Where a launcher starts a host's ranks in more than one group (an elastic torchrun job: an agent
+# per GPU), the position among the job's GPUs on that host of the group's first rank: its
+# LOCAL_RANK 0.
+SLOT_VAR = "RINGMASTER_SLOT"
 
 
 def horovodrun_argv(launcher, spec, hosts, start_timeout, extra=(), wrapper=()):

@@ -83,7 +83,8 @@ class LocalRunner(Runner):
         return self.sandbox is not None and os.geteuid() == 0
 
     def command(self, spec):
-        """The job's launcher's argv: one process per GPU slot on this machine."""
+        """The job's launcher's argv (one process per GPU slot on this machine), and the files
+        it needs in the job's folder."""
         return launchers.of(spec.launcher).single_host_argv(spec, self.start_timeout)
 
     def environment(self, spec):
@@ -123,10 +124,10 @@ class LocalRunner(Runner):
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
-    def _prepare(self, spec, directory):
+    def _prepare(self, spec, directory, files):
         """The job's folder as it starts: made anew (what a launch cut short left there is not
-        trusted), with its script, the rank launcher's argv and, for an elastic job, the host
-        discovery."""
+        trusted), with its script, the rank launcher's argv, the launcher's `files` and, for an
+        elastic job, the host discovery."""
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(mode=0o700)
@@ -134,6 +135,8 @@ class LocalRunner(Runner):
             (directory / spec.script_name).write_text(spec.script_content)
         name, content = spec.argv_file()
         (directory / name).write_bytes(content)
+        for name, content in files.items():
+            (directory / name).write_bytes(content)
         if spec.elastic:
             script = directory / DISCOVERY_SCRIPT
             script.write_text(DISCOVERY_SCRIPT_TEXT)
@@ -146,9 +149,11 @@ class LocalRunner(Runner):
         control.mkdir(mode=0o700, exist_ok=True)
         with self._launch_lock(control):
             pid_file = control / "pid"
+            program = launchers.of(spec.launcher).PROGRAM
             if pid_file.exists():
-                return Started(f"horovodrun already started (pid {pid_file.read_text().split()[0]})", True)
-            self._prepare(spec, directory)
+                return Started(f"{program} already started (pid {pid_file.read_text().split()[0]})", True)
+            argv, files = self.command(spec)
+            self._prepare(spec, directory, files)
             supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(control.resolve() / "exit_code")]
             with self._user(directory) as uid, open(control / "output.log", "ab") as output:
                 if self.sandbox:
@@ -157,7 +162,7 @@ class LocalRunner(Runner):
                 else:
                     supervise.append("--")
                 process = subprocess.Popen(
-                    [*supervise, *self.command(spec)],
+                    [*supervise, *argv],
                     cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
@@ -168,7 +173,7 @@ class LocalRunner(Runner):
             # Reap it when it ends, so no zombie lingers while this worker lives.
             threading.Thread(target=process.wait, daemon=True).start()
             elastic = f", elastic: {spec.min_gpus} to {spec.max_gpus}" if spec.elastic else ""
-            return Started(f"horovodrun started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
+            return Started(f"{program} started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
 
     @contextmanager
     def _user(self, directory):

@@ -22,6 +22,7 @@ from .base import BLACKLIST_COOLDOWN
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 OPERATOR = "mpi-operator v0.8"                   # what serves them (named when a cluster lacks it)
+ELASTIC_PROBLEM = None                           # its Worker replicas scale (Backend.elastic_problem)
 LAUNCHER, WORKER = "launcher", "worker"          # container names
 SCRIPT_DIR = "/ringmaster/script"                # where an uploaded script is mounted
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"   # set by the operator on every pod

@@ -818,10 +818,16 @@ class SSHRunner(Runner):
             client.close()
 
     def resize(self, spec):
-        """The job's hosts are this runner's now: each gets the job's folders (a new one its files),
-        the first the hosts file its discovery script prints, and all the GPU map."""
+        """The job's hosts are this runner's now: each gets the job's folders (a new one its files
+        and the launcher's), the first the hosts file (what horovodrun's discovery script prints,
+        what torchrun_agents keeps an agent per GPU of), and all the GPU map."""
+        _, files = self.command(spec)
         for host in self.hosts[1:]:
             self._prepare(host, spec)
+            self._write(host, spec, files, control=True)
+        self._publish_hosts(spec)
+
+    def _publish_hosts(self, spec):
         names = self.host_names(spec)
         hosts = "".join(f"{name}:{h.slots}\n" for name, h in zip(names, self.hosts)).encode()
         self._write(self.first, spec, {HOSTS_FILE: hosts}, control=True)
@@ -831,13 +837,13 @@ class SSHRunner(Runner):
 
     def launch(self, spec):
         users = [self._prepare(host, spec) for host in self.hosts]
+        argv, files = self.command(spec)
+        for host in self.hosts:
+            self._write(host, spec, files, control=True)
         if spec.elastic:
             self._write(self.first, spec, {DISCOVERY_SCRIPT: DISCOVERY_SCRIPT_TEXT.encode()}, control=True)
-            self.resize(spec)
-        argv, files = self.command(spec)
-        if files:
-            for host in self.hosts:
-                self._write(host, spec, files, control=True)
+            self._publish_hosts(spec)
+        program = launchers.of(spec.launcher).PROGRAM
         client = self._connect(self.first)
         try:
             env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
@@ -846,18 +852,16 @@ class SSHRunner(Runner):
         finally:
             client.close()
         if code != 0:
-            raise InstanceError(f"{self.first.where()}: cannot start horovodrun: "
+            raise InstanceError(f"{self.first.where()}: cannot start {program}: "
                                 f"{(err or out).strip() or f'exit code {code}'}")
         status = out.strip().splitlines()[-1] if out.strip() else ""
         placement = self.host_list(spec)
-        program = launchers.of(spec.launcher).PROGRAM
         if status.startswith("already"):
             return Started(f"{program} already started on {self.first.name} (pid {status.split()[-1]})", True)
         if status == "setup-failed":
             return Started(f"the setup line of {self.first.name} failed (see the log)")
         names = ", ".join(f"{h.name}:{h.slots}" for h in self.hosts)
-        where = (f"elastic, {spec.min_gpus} to {spec.max_gpus} processes, hosts from {DISCOVERY_SCRIPT}"
-                 if spec.elastic else f"-H {placement}")
+        where = f"elastic, {spec.min_gpus} to {spec.max_gpus} processes" if spec.elastic else f"-H {placement}"
         return Started(f"{program} started on {self.first.name} (pid {status.split()[-1]}) with {spec.gpus} "
                        f"processes on {names} ({where}); {run_as(self.hosts, users)}")
 

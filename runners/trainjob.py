@@ -36,6 +36,9 @@ from .mpijob import (_DNS_1035, MAX_CONFIGMAP_BYTES, SCRIPT_DIR, _labels, _quant
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 OPERATOR = "Kubeflow Trainer v2"      # what serves them (named when a cluster lacks it)
+# Why the Kubernetes backend runs torchrun jobs at one size (Backend.elastic_problem).
+ELASTIC_PROBLEM = ("A TrainJob runs at one size: Kubeflow Trainer v2 removed its elastic policy (v2.2). "
+                   "Leave Most GPUs empty, or run the job on instances or on this machine.")
 RUNTIME_KIND = "ClusterTrainingRuntime"
 NODE = "node"                     # the runtime's replicated Job, and its container, for trainer nodes
 # JobSet names the JobSet after the TrainJob and labels every pod with it.

@@ -257,13 +257,14 @@ def test_a_maximum_equal_to_the_minimum_is_a_fixed_job(alice, image, script, fou
 def test_horovodrun_runs_an_elastic_job_with_bounds_and_the_discovery_script(tmp_path):
     spec = JobSpec(job_id=7, gpus=3, python="python", script_name="t.py", script_content="", script_path=None,
                    min_gpus=2, max_gpus=4)
-    argv = LocalRunner(tmp_path).command(spec)
+    argv, files = LocalRunner(tmp_path).command(spec)
+    assert files == {}
     assert "-H" not in argv
     joined = " ".join(argv)
     assert ("-np 3 --min-np 2 --max-np 4 --host-discovery-script ./discover_hosts.sh "
             "--blacklist-cooldown-range 10 60 --network-interface lo") in joined   # a healed host is let back in
     fixed = " ".join(LocalRunner(tmp_path).command(JobSpec(job_id=7, gpus=3, python="python", script_name="t.py",
-                                                           script_content="", script_path=None)))
+                                                           script_content="", script_path=None))[0])
     assert "-np 3 -H localhost:3" in fixed and "--min-np" not in fixed
 
 

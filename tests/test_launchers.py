@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from jobs.models import Image, Job
+from jobs.models import Cluster, Image, Job
+from tests.test_clusters import kubeconfig
 
 pytestmark = pytest.mark.django_db
 BODY = {"gpus": 2, "script_path": "/train.py"}
@@ -41,7 +42,6 @@ def test_a_job_runs_the_launcher_asked_for_or_else_its_images(alice_client, imag
 @pytest.mark.parametrize(("fields", "field", "words"), [
     ({"image": "horovod-only", "launcher": "torchrun"}, "launcher", "carries horovod, not torchrun"),
     ({"image": "both", "launcher": "mpirun"}, "launcher", "not one of the available choices"),
-    ({"image": "torch-only", "max_gpus": 4}, "max_gpus", "PyTorch (torchrun) jobs run at one size here"),
     ({"image": "torch-only", "backend": "fake"}, "launcher", "Fake (tests) cannot start PyTorch (torchrun) jobs yet"),
 ])
 def test_a_launcher_the_job_cannot_have_is_a_400_naming_the_field(alice_client, images, settings, fields, field, words):
@@ -50,6 +50,20 @@ def test_a_launcher_the_job_cannot_have_is_a_400_naming_the_field(alice_client, 
     assert response.status_code == 400, response.content
     assert words in " ".join(response.json()[field]), response.json()
     assert not Job.objects.exists()
+
+
+def test_an_elastic_torchrun_job_runs_here_but_not_as_a_trainjob(alice_client, images):
+    cluster = Cluster(name="gpu-east", namespace="training", gpus_per_node=8)
+    cluster.set_kubeconfig(kubeconfig())
+    cluster.save()
+    here = post(alice_client, image="torch-only", max_gpus=4)
+    assert here.status_code == 201, here.content
+    assert (here.json()["launcher"], here.json()["max_gpus"]) == ("torchrun", 4)
+    Image.objects.filter(name="torch-only").update(container_image="registry.example/torch:2.13")
+    response = post(alice_client, image="torch-only", max_gpus=4, backend="kubernetes")
+    assert response.status_code == 400, response.content
+    assert "A TrainJob runs at one size" in " ".join(response.json()["max_gpus"]), response.json()
+    assert Job.objects.count() == 1
 
 
 def test_rerun_and_clone_keep_the_launcher(alice_client, images):

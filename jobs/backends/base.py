@@ -213,12 +213,20 @@ class Backend:
         if limit is not None and gpus and gpus > limit and "gpus" not in form.errors:
             form.add_error("gpus", self.too_large(limit))
 
-    def max_gpus_problem(self, most):
-        """Why an elastic job may not grow to `most` GPUs here, or None."""
+    def max_gpus_problem(self, most, launcher):
+        """Why an elastic job of `launcher` may not grow to `most` GPUs here, or None."""
         if not self.elastic:
             return f"{self.label} does not resize jobs; leave Most GPUs empty."
+        problem = self.elastic_problem(launcher)
+        if problem:
+            return problem
         limit = self.largest_job()
         return self.too_large(limit) if limit is not None and most > limit else None
+
+    def elastic_problem(self, launcher):
+        """Why this backend cannot resize jobs of `launcher` (a name of runners.launchers), or
+        None."""
+        return None
 
     def too_large(self, limit):
         return f"The {self.name} backend runs at most {limit} GPUs per job."

@@ -162,7 +162,11 @@ def runner_for(job):
 def builder_of(job):
     """The module that builds the Kubernetes object `job` runs as: its launcher's (runners.mpijob
     for Horovod, runners.trainjob for torchrun)."""
-    return importlib.import_module(launchers.of(job.launcher).KUBERNETES)
+    return builder_of_launcher(job.launcher)
+
+
+def builder_of_launcher(name):
+    return importlib.import_module(launchers.of(name).KUBERNETES)
 
 
 def render(job):

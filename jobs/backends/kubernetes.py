@@ -85,6 +85,11 @@ class KubernetesBackend(Backend):
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
 
+    def elastic_problem(self, launcher):
+        """What the Kubernetes object of `launcher`'s jobs cannot do (runners.trainjob: no
+        elastic policy), or None."""
+        return clusters.builder_of_launcher(launcher).ELASTIC_PROBLEM
+
     def unavailable(self):
         if _enabled_clusters().exists():
             return None

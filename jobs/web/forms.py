@@ -159,8 +159,10 @@ class JobForm(forms.Form):
     max_gpus = forms.IntegerField(
         required=False, min_value=1, max_value=2 ** 31 - 1, label="Most GPUs (elastic)",
         help_text="Makes the job elastic: it starts at GPUs, grows up to this many when GPUs are free and "
-                  "shrinks back when other jobs need them. The script must use hvd.elastic (see "
-                  "elastic_train.py). Empty: one size for the whole run.")
+                  "shrinks back when other jobs need them. A Horovod script uses hvd.elastic (see "
+                  "elastic_train.py); torchrun restarts every worker at each change, so a torchrun script "
+                  "resumes from its own checkpoint (see elastic_ddp_train.py). Kubernetes resizes Horovod "
+                  "jobs only. Empty: one size for the whole run.")
     script = forms.IntegerField(required=False, min_value=1)
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     args = StringListField(required=False)
@@ -295,7 +297,8 @@ class JobForm(forms.Form):
         if backend is not None:
             backend.clean(self, data)
             most = data.get("max_gpus")
-            if most is not None and "max_gpus" not in self.errors and (problem := backend.max_gpus_problem(most)):
+            if most is not None and "max_gpus" not in self.errors and "launcher" not in self.errors \
+                    and (problem := backend.max_gpus_problem(most, data.get("launcher"))):
                 self.add_error("max_gpus", problem)
         if backend and gpus and "gpus" not in self.errors and "group" not in self.errors:
             # A job that can never fit its quota is refused now, naming the limit, not queued forever.
@@ -323,9 +326,6 @@ class JobForm(forms.Form):
             able = [b.label for b in backends.enabled() if name in b.launchers]
             self.add_error("launcher", f"{backend.label} cannot start {launchers.LAUNCHERS[name].label} jobs yet"
                                        f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
-        elif data.get("max_gpus") is not None and not launchers.LAUNCHERS[name].elastic:
-            self.add_error("max_gpus", f"{launchers.LAUNCHERS[name].label} jobs run at one size here: "
-                                       f"leave Most GPUs empty, or use Horovod for an elastic job.")
 
     def _has_upload(self):
         return False

@@ -12,7 +12,8 @@ a job owns different GPUs on each of its hosts: the portal puts them in RINGMAST
 ("host=0,1;host2=4,5", hosts as horovodrun's -H names them), horovodrun tells each rank its host
 in HOROVOD_HOSTNAME, and this sets CUDA_VISIBLE_DEVICES to that host's indices, so
 hvd.local_rank() 0, 1, ... is the job's first, second, ... GPU there and an unchanged Horovod
-script (torch.cuda.set_device(hvd.local_rank())) trains on what the job owns.
+script (torch.cuda.set_device(hvd.local_rank())) trains on what the job owns. An agent of an
+elastic torchrun job has one GPU of its host (RINGMASTER_SLOT says which): its worker sees that one.
 
 A rank of an elastic job (horovodrun sets HOROVOD_ELASTIC=1) runs its script in this process
 instead, after turning off Horovod's shortcut of skipping the state sync after a reset that
@@ -39,6 +40,9 @@ PREFIX_OUTPUT = "RINGMASTER_PREFIX_OUTPUT"
 # An elastic job's GPUs change while it runs: the portal keeps them in this file of the job folder
 # (its name in this variable), and a rank started after a resize reads the map there.
 MAP_FILE = "RINGMASTER_GPU_MAP_FILE"
+# Where a host's ranks start in groups (an elastic torchrun job: an agent of one worker per GPU),
+# the position of the group's first GPU among the host's: its workers see from there on.
+SLOT = "RINGMASTER_SLOT"
 
 
 def indices_for(mapping, host):
@@ -74,6 +78,12 @@ def bind_gpus(environ):
     indices = indices_for(mapping, host)
     if indices is None:
         sys.exit(f"ringmaster: this job owns no GPUs on host {host!r} ({MAP}={mapping!r})")
+    if environ.get(SLOT):
+        first = int(environ[SLOT])
+        count = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+        indices = ",".join(indices.split(",")[first:first + count])
+        if not indices:
+            sys.exit(f"ringmaster: this job owns no GPU {first} on host {host!r} ({MAP}={mapping!r})")
     environ["CUDA_VISIBLE_DEVICES"] = indices
 
 

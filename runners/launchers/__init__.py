@@ -12,18 +12,17 @@ class LauncherInfo:
     name: str
     label: str
     expects: str          # what the script must do under it (the job form's help text)
-    elastic: bool         # whether the portal can grow and shrink its jobs
 
 
 LAUNCHERS = {
     "horovod": LauncherInfo(
         "horovod", "Horovod (horovodrun)",
         "horovodrun starts one process per GPU; the script calls hvd.init() and reads its rank "
-        "from Horovod.", elastic=True),
+        "from Horovod."),
     "torchrun": LauncherInfo(
         "torchrun", "PyTorch (torchrun)",
         "torchrun starts one process per GPU with RANK, LOCAL_RANK and WORLD_SIZE set; the script "
-        "calls torch.distributed.init_process_group() (DDP or FSDP).", elastic=False),
+        "calls torch.distributed.init_process_group() (DDP or FSDP)."),
 }
 DEFAULT = "horovod"      # where an image carries both, and for clients that name none
 

@@ -13,11 +13,12 @@ def environment(spec):
 
 def single_host_argv(spec, start_timeout):
     """horovodrun's argv for every rank on this machine (localhost), run as a module of the
-    job's Python (the sandbox has no horovodrun script on its PATH)."""
+    job's Python (the sandbox has no horovodrun script on its PATH), and the files it needs in
+    the job's folder (none)."""
     # Elastic mode probes the network interfaces first and hangs here without one named.
     extra = ["--network-interface", "lo"] if spec.elastic else []
     return horovodrun_argv([spec.python, "-m", "horovod.runner.launch"], spec, f"localhost:{spec.gpus}",
-                           start_timeout, extra)
+                           start_timeout, extra), {}
 
 
 # The Kubernetes backend runs a Horovod job as an MPIJob (a module name: the runner imports it).

@@ -11,11 +11,18 @@ the first failure ("Root Cause (first observed failure)"), which runners.output 
 import json
 from pathlib import Path
 
-from ..base import HOST_NAME_VAR, RANK_MODULE
+from ..base import HOST_NAME_VAR, HOSTS_FILE, RANK_MODULE, SLOT_VAR
 from . import torchrun_agents
 
 PREFIX_OUTPUT_VAR = "RINGMASTER_PREFIX_OUTPUT"   # the rank launcher prefixes the worker's lines
 RENDEZVOUS_PORT = 29400                          # torchrun's usual c10d port
+# An elastic job's agents restart their workers after a failure this many times: a shrink is one
+# (the stopped agent's peers fail), a growth is none. Then the job fails.
+ELASTIC_MAX_RESTARTS = 20
+# torch 2.13's agents share the rendezvous' TCP store with the workers, and an agent that joins a
+# later round waits for ever for the address that the first round's rank 0 published once (it
+# publishes it in the first round only): off, each round's rank 0 publishes it.
+ELASTIC_ENVIRONMENT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 PROGRAM = "torchrun"          # what the job's messages call it
@@ -26,8 +33,12 @@ def environment(spec):
 
 
 def single_host_argv(spec, start_timeout):
-    """torchrun's argv for every worker on this machine: one node, its own rendezvous."""
-    return argv(spec, spec.python, spec.gpus)
+    """torchrun's argv for every worker on this machine, and the files it needs in the job's
+    folder: one node with its own rendezvous, or for an elastic job one agent per GPU
+    (torchrun_agents, reading the hosts file that the runner keeps there)."""
+    if not spec.elastic:
+        return argv(spec, spec.python, spec.gpus), {}
+    return agents(spec, [("localhost", "localhost", spec.gpus)], ssh=[], wrapper="env", forward=())
 
 
 def argv(spec, python, nproc_per_node, nnodes="1", rendezvous_endpoint=None):
@@ -57,19 +68,29 @@ def trainer_argv(spec):
 
 def over_ssh(spec, placement):
     """The argv that starts the job's agents from its first host (torchrun_agents: one agent per
-    host, c10d rendezvous at a free port of the first, under the job's name), and the files it
-    needs in the control folder."""
+    host, or per GPU of an elastic job; c10d rendezvous at a free port of the first, under the
+    job's name), and the files it needs in the control folder."""
     ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR"]
     if placement.ssh_port:
         ssh += ["-p", str(placement.ssh_port)]
     if placement.ssh_key:
         ssh += ["-i", placement.ssh_key]
+    return agents(spec, placement.hosts, ssh, placement.wrapper[0] if placement.wrapper else "env",
+                  placement.forward)
+
+
+def agents(spec, hosts, ssh, wrapper, forward):
+    """torchrun_agents' argv and files (itself and its plan) for a job on `hosts` ((name,
+    address, slots), the first one where it runs)."""
     plan = {
-        "python": spec.python, "wrapper": placement.wrapper[0] if placement.wrapper else "env",
-        "id": spec.name, "module": RANK_MODULE, "ssh": ssh, "host_variable": HOST_NAME_VAR,
-        "hosts": [{"name": name, "address": address, "slots": slots} for name, address, slots in placement.hosts],
-        "forward": list(placement.forward),
+        "python": spec.python, "wrapper": wrapper, "id": spec.name, "module": RANK_MODULE, "ssh": ssh,
+        "host_variable": HOST_NAME_VAR, "slot_variable": SLOT_VAR,
+        "hosts": [{"name": name, "address": address, "slots": slots} for name, address, slots in hosts],
+        "forward": list(forward), "max_restarts": 0,
     }
+    if spec.elastic:
+        plan.update(elastic={"min": spec.min_gpus, "max": spec.max_gpus, "hosts_file": HOSTS_FILE},
+                    max_restarts=ELASTIC_MAX_RESTARTS, agent_environment=ELASTIC_ENVIRONMENT)
     files = {"torchrun_agents.py": Path(torchrun_agents.__file__).read_bytes(),
              torchrun_agents.AGENTS: json.dumps(plan, indent=1).encode()}
     return [spec.python, "torchrun_agents.py", torchrun_agents.AGENTS], files

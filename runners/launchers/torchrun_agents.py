@@ -1,21 +1,35 @@
-"""Start a torchrun job's agents, one per host, from its first host: what horovodrun does for a
-Horovod job. The SSH runner puts this file and AGENTS (JSON) in the job's control folder on the
-first host and runs `python torchrun_agents.py agents.json` there, detached, its output going to
-the job's output.log.
+"""Start a torchrun job's agents and keep them what the job's size says: what horovodrun does
+for a Horovod job. The runner puts this file and AGENTS (JSON, the plan) in a folder of the
+job's first host (the SSH runner: the job's control folder; this machine: the job's folder) and
+runs `python torchrun_agents.py agents.json` there, detached, its output going to the job's
+output.log.
 
-It picks a free port for the c10d rendezvous, which the first host's agent serves; starts that
-agent here and every other host's over SSH (the instance's peer SSH port and key, as horovodrun
-uses them), each through the rank wrapper (in the job's folder, as the job's uid where it has
-one); passes each its share of the job's processes and the job's environment; and exits with
-the first agent's failure (or 0), so that the follower sees one exit code, as for horovodrun.
-No shell parses a word here but the remote login shell, which gets each word quoted.
+It picks a free port for the c10d rendezvous, which the first agent serves, and starts the
+agents: each through the rank wrapper (in the job's folder, as the job's uid where it has one),
+with its share of the job's processes and the job's environment; an agent on the first host
+directly, one on another host over SSH (the instance's peer SSH port and key, as horovodrun
+uses them). It exits with the first agent's failure (or 0), so that the follower sees one exit
+code, as for horovodrun. No shell parses a word here but the remote login shell, which gets
+each word quoted.
 
-The job ends at its first failure, as a Horovod job does: the other agents are stopped at once
-instead of waiting for the failed one at torchrun's exit barrier. A remote agent runs under
-this same program (`agent` mode) on its host, which stops it when its SSH connection's input
-ends: when this program closes it, or dies (cancel), the agents over there stop with it.
+- **A job of one size**: one agent per host, with the host's GPUs, `--nnodes` the hosts. The
+  job ends at its first failure, as a Horovod job does: the other agents are stopped at once
+  instead of waiting for the failed one at torchrun's exit barrier.
+- **An elastic job**: one agent per GPU ("node" of one process), `--nnodes=MIN:MAX`. The portal
+  writes the job's hosts and their GPUs now to the hosts file (`name:slots` lines) at each
+  resize; this program reads it every POLL_SECONDS and starts the agents of new GPUs, which join
+  the rendezvous (torchrun restarts every worker in a world of the new size), and stops those
+  of GPUs taken away (the others' workers fail, and torchrun restarts them without those). The
+  first GPU of the first host keeps the rendezvous: a job never gives it back. Agents stopped
+  this way fail nothing. Once an agent has finished its workers the job is ending: no agent is
+  started any more, a later failure of another fails nothing, and those still running after
+  FINISHING_SECONDS (one that joined as the job ended) are stopped.
 
-The standard library only: it runs under the instance's Python, as the SSH account.
+A remote agent runs under this same program (`agent` mode) on its host, which stops it when its
+SSH connection's input ends: when this program closes it, or dies (cancel), the agents over
+there stop with it.
+
+The standard library only: it runs under the job's Python, before torch is imported anywhere.
 """
 import json
 import os
@@ -25,8 +39,17 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 AGENTS = "agents.json"
+POLL_SECONDS = 0.25
+# Seconds the rendezvous waits for more agents once it has its minimum (torchrun's default, 30,
+# would hold every start and resize of an elastic job that long).
+LAST_CALL_SECONDS = 3
+# An elastic job whose agent has finished its workers is ending: the agents still running this
+# long after are stopped. Those of the last world end within it (torchrun's exit barrier); one
+# started by a late growth waits for a rendezvous whose keeper is gone, 60 s and more.
+FINISHING_SECONDS = 10
 
 
 def free_port():
@@ -35,28 +58,66 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def agent_argv(plan, host, port):
-    """The rank wrapper and torchrun's argv of the agent on `host`."""
-    first = plan["hosts"][0]
-    return [plan["wrapper"], plan["python"], "-m", "torch.distributed.run", f"--nnodes={len(plan['hosts'])}",
-            f"--nproc-per-node={host['slots']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={first['address']}:{port}", f"--rdzv-id={plan['id']}",
-            f"--rdzv-conf=is_host={'true' if host is first else 'false'}", f"--local-addr={host['address']}",
-            "--max-restarts=0", "-m", plan["module"]]
+class Agent:
+    """One agent to run: on `host` (a dict of the plan), its GPUs from `slot` on, `count` of
+    them; `keeps_rendezvous` if it serves the c10d store."""
+
+    def __init__(self, host, slot, count, keeps_rendezvous, here):
+        self.host, self.slot, self.count, self.keeps_rendezvous = host, slot, count, keeps_rendezvous
+        self.here = here           # whether its host is the one this program runs on
+
+    @property
+    def key(self):
+        return self.host["name"], self.slot
+
+    def argv(self, plan, endpoint):
+        """The rank wrapper and torchrun's argv of this agent."""
+        elastic = plan.get("elastic")
+        nnodes = f"{elastic['min']}:{elastic['max']}" if elastic else str(len(plan["hosts"]))
+        conf = f"is_host={'true' if self.keeps_rendezvous else 'false'}"
+        if elastic:
+            conf += f",last_call_timeout={LAST_CALL_SECONDS}"
+        return [plan["wrapper"], plan["python"], "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+                f"--nproc-per-node={self.count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id={plan['id']}", f"--rdzv-conf={conf}", f"--local-addr={self.host['address']}",
+                f"--max-restarts={plan['max_restarts']}", "-m", plan["module"]]
+
+    def environment(self, plan):
+        """The job's variables (this program's, as the runner set them), the agent's own
+        (the plan's), its host's name and its first GPU's position there."""
+        return {**{name: os.environ[name] for name in plan["forward"] if name in os.environ},
+                **plan.get("agent_environment", {}),
+                plan["host_variable"]: self.host["name"], plan["slot_variable"]: str(self.slot)}
+
+    def start(self, plan, endpoint):
+        """Start it: directly where its host is this one, else over SSH."""
+        argv = self.argv(plan, endpoint)
+        if self.here:
+            return subprocess.Popen(argv, env={**os.environ, **self.environment(plan)},
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        words = ["env", *(f"{name}={value}" for name, value in self.environment(plan).items()),
+                 plan["python"], os.path.basename(__file__), "agent", *argv]
+        command = f"cd -- {shlex.quote(os.getcwd())} && exec {shlex.join(words)}"
+        return subprocess.Popen([*plan["ssh"], self.host["address"], command], stdin=subprocess.PIPE)
 
 
-def environment(plan, host):
-    """The job's variables (this program's, as the SSH runner set them) and the host's name."""
-    return {**{name: os.environ[name] for name in plan["forward"] if name in os.environ},
-            plan["host_variable"]: host["name"]}
+def fixed_agents(plan):
+    """A job of one size: one agent per host with all of its GPUs."""
+    return [Agent(host, 0, host["slots"], index == 0, index == 0) for index, host in enumerate(plan["hosts"])]
 
 
-def remote_command(plan, host, port):
-    """What the remote login shell runs: in the control folder (the same path on every host),
-    the agent with the job's environment, under this program's `agent` mode."""
-    words = ["env", *(f"{name}={value}" for name, value in environment(plan, host).items()),
-             plan["python"], os.path.basename(__file__), "agent", *agent_argv(plan, host, port)]
-    return f"cd -- {shlex.quote(os.getcwd())} && exec {shlex.join(words)}"
+def elastic_agents(plan, hosts_file):
+    """An elastic job: one agent per GPU that the hosts file lists now (None where it cannot be
+    read: the agents stay as they are)."""
+    try:
+        with open(hosts_file, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle if line.strip()]
+        listed = [(name, int(slots)) for name, _, slots in (line.rpartition(":") for line in lines)]
+    except (OSError, ValueError):
+        return None
+    first = plan["hosts"][0]["name"]
+    return [Agent({"name": name, "address": name}, slot, 1, (name, slot) == (first, 0), name == first)
+            for name, slots in listed for slot in range(slots)]
 
 
 def stop(process, grace=10.0):
@@ -89,37 +150,80 @@ def agent(argv):
     os._exit(code if code >= 0 else 128 - code)     # not through finalization: the watch still reads stdin
 
 
+class Job:
+    """The agents of one job, started and stopped as the plan (and an elastic job's hosts file)
+    says, and the exit code they add up to."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.elastic = plan.get("elastic")
+        self.endpoint = f"{plan['hosts'][0]['address']}:{free_port()}"
+        self.running = {}          # agent key -> process
+        self.leaving = set()       # pids of agents stopped on purpose
+        self.first_failure = 0
+        self.finished = None       # when an agent's workers all ended well: the job is ending
+        self.ending = False        # cancelled, or failed: start nothing more
+
+    def wanted(self):
+        if not self.elastic:
+            return fixed_agents(self.plan)
+        return elastic_agents(self.plan, self.elastic["hosts_file"])
+
+    def reconcile(self):
+        """Start the agents that should run and do not; stop those that should not."""
+        agents = self.wanted()
+        if self.elastic and self.finished is not None and not self.ending \
+                and time.monotonic() - self.finished > FINISHING_SECONDS:
+            self.end_all()
+        if agents is None or self.ending or self.finished is not None:
+            return
+        keys = {agent.key for agent in agents}
+        for key, process in list(self.running.items()):
+            if key not in keys:
+                self.leave(self.running.pop(key))
+        for agent in agents:
+            if agent.key not in self.running:
+                self.running[agent.key] = agent.start(self.plan, self.endpoint)
+
+    def leave(self, process):
+        self.leaving.add(process.pid)
+        if process.stdin is not None:
+            process.stdin.close()          # the remote agent's watch stops it
+        else:
+            threading.Thread(target=stop, args=(process,), daemon=True).start()
+
+    def end_all(self, *_):
+        self.ending = True
+        for process in list(self.running.values()):
+            self.leave(process)
+
+    def ended(self, key, code):
+        """The agent `key` ended with `code`."""
+        pid = self.running.pop(key).pid
+        if pid in self.leaving:
+            return
+        if code == 0:
+            self.finished = self.finished or time.monotonic()
+        elif self.first_failure == 0 and not (self.elastic and self.finished is not None):
+            self.first_failure = code if code > 0 else 128 - code
+            self.end_all()
+
+    def run(self):
+        self.reconcile()
+        signal.signal(signal.SIGTERM, self.end_all)
+        while self.running:
+            for key, process in list(self.running.items()):
+                code = process.poll()          # Popen's own wait: a stop() thread may reap it too
+                if code is not None:
+                    self.ended(key, code)
+            time.sleep(POLL_SECONDS)
+            self.reconcile()
+        return self.first_failure
+
+
 def main(path):
     with open(path, encoding="utf-8") as handle:
-        plan = json.load(handle)
-    port = free_port()
-    alive = {}
-    for host in plan["hosts"]:
-        if host is plan["hosts"][0]:
-            process = subprocess.Popen(agent_argv(plan, host, port), env={**os.environ, **environment(plan, host)},
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        else:
-            process = subprocess.Popen([*plan["ssh"], host["address"], remote_command(plan, host, port)],
-                                       stdin=subprocess.PIPE)
-        alive[process.pid] = process
-
-    def end_all(*_):
-        for process in list(alive.values()):
-            if process.stdin is not None:
-                process.stdin.close()          # the remote agent's watch stops it
-            else:
-                threading.Thread(target=stop, args=(process,), daemon=True).start()
-
-    signal.signal(signal.SIGTERM, end_all)
-    first_failure = 0
-    while alive:
-        pid, status = os.wait()
-        if alive.pop(pid, None) is not None:
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0 and first_failure == 0:
-                first_failure = code if code > 0 else 128 - code
-                end_all()
-    return first_failure
+        return Job(json.load(handle)).run()
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@ the embedded default (the sandbox) and on two instances (real sshd on 127.0.0.2 
 one torchrun agent each, c10d rendezvous on the first): each line carries its torch RANK, metric
 lines become each rank's curve, a crash is reported as the crashing rank's with its exception
 (torchrun's error files name it), and cancel leaves no process."""
+import signal
 import sys
 
 import pytest
 
-from jobs.models import Image, LogLine, MetricPoint, State
+from jobs.models import Image, Job, LogLine, MetricPoint, State
 from tests.conftest import job_name, processes_marked, wait_for
 from tests.integration.test_instances import add_instance, job_processes, sshds  # noqa: F401 (the sshd fixture)
 from tests.integration.test_job_lifecycle import upload, wait_state
@@ -31,6 +32,10 @@ if sys.argv[1:] == ["crash", str(rank)]:
     raise ZeroDivisionError("rank %d divided by zero" % rank)
 if sys.argv[1:] == ["sleep"]:
     time.sleep(600)
+if sys.argv[1:2] == ["lines"]:
+    for line in range(int(sys.argv[2])):
+        print(f"rank={rank} line={line}", flush=True)
+        time.sleep(0.1)
 dist.barrier()
 """
 
@@ -116,3 +121,23 @@ def test_cancel_stops_every_agent_and_worker_on_every_instance(http, torch_image
     assert http.post(f"{http.base}/api/jobs/{job_id}/cancel/").status_code == 202
     assert wait_state(job_id, ENDED, timeout=120).state == State.CANCELLED
     assert job_processes(two_instances, job_id) == []
+
+
+def test_a_torchrun_job_on_instances_outlives_its_worker_and_keeps_its_whole_log(http, torch_image, two_instances,
+                                                                                   celery_worker):
+    job_id = submit(http, "lines", "80", backend="instances")
+    wait_for(lambda: LogLine.objects.filter(job_id=job_id, text="rank=1 line=10").exists(), timeout=180,
+             message="rank 1 to print its tenth line")
+    celery_worker.kill(signal.SIGKILL)                   # its follower dies with it; the agents do not
+    try:
+        assert Job.objects.get(pk=job_id).state == State.RUNNING
+        assert len(job_processes(two_instances, job_id)) >= 4
+    finally:
+        celery_worker.start()
+    job = wait_state(job_id, ENDED, timeout=180)
+    assert job.state == State.SUCCEEDED, job.reason
+    lines = list(LogLine.objects.filter(job_id=job_id).order_by("seq").values_list("seq", "rank", "text"))
+    assert [seq for seq, _, _ in lines] == list(range(len(lines)))         # re-attached where it left off
+    for rank in (0, 1):
+        assert [text for _, r, text in lines if r == rank and " line=" in text] == \
+            [f"rank={rank} line={n}" for n in range(80)]

@@ -40,3 +40,22 @@ def test_the_script_gets_its_words_as_given_and_its_exit_code_is_the_ranks(tmp_p
 def test_an_elastic_ranks_script_syncs_its_state_after_every_reset(tmp_path):
     assert rank(tmp_path, [], HOROVOD_ELASTIC="1")[1]["skip_sync"] is False
     assert rank(tmp_path, [])[1]["skip_sync"] is True               # a fixed job's Horovod is left as it is
+
+
+@pytest.mark.parametrize(("slot", "local_world", "visible"), [
+    ("", "", "4,5,6"),            # one group per host: every GPU the job owns there
+    ("0", "1", "4"),              # an elastic torchrun job's agents: one GPU each, by position
+    ("2", "1", "6"),
+    ("1", "2", "5,6"),
+])
+def test_the_rank_sees_the_gpus_of_its_group_on_its_host(slot, local_world, visible):
+    sys.path.insert(0, str(JOB_PYTHON))
+    try:
+        import ringmaster_rank
+    finally:
+        sys.path.pop(0)
+    environ = {"RINGMASTER_GPU_MAP": "a=0,1;b=4,5,6", "RINGMASTER_HOSTNAME": "b"}
+    if slot:
+        environ.update(RINGMASTER_SLOT=slot, LOCAL_WORLD_SIZE=local_world)
+    ringmaster_rank.bind_gpus(environ)
+    assert environ["CUDA_VISIBLE_DEVICES"] == visible
