@@ -10,11 +10,11 @@ MPIJob" stands for either.
 - follow: two things at once. What the cluster says of the MPIJob, its pods and its events
   comes from the informer of its namespace (kubeinformer: one watch per kind for every job the
   worker process follows there), which gives its conditions and trouble a user can act on; the
-  launcher pod's log (`follow`, `timestamps`) gives every rank's output (a TrainJob's: each
-  node's pod's log, one after the other in node order). The log
-  position (kubestatus.LogCursor) is stored with every batch, so a cut stream or a new
-  follower resumes without losing or repeating a line, and a retried launcher (a new pod) is
-  read after the old one.
+  launcher pod's log (`follow`, `timestamps`) gives every rank's output (a TrainJob's: every
+  node's pod's log at once, whole lines as they come). The log position (kubestatus.LogCursor,
+  one per pod of a TrainJob) is stored with every batch, so a cut stream or a new follower
+  resumes without losing or repeating a line, and a retried launcher (a new pod) is read after
+  the old one.
 - cancel: delete the MPIJob (foreground, so its pods go first) and the ConfigMap.
 """
 import collections
@@ -245,7 +245,7 @@ class KubernetesRunner(Runner):
                                                     _request_timeout=self.timings.request_seconds))
 
     def follow(self, spec, offset, cursor=None):
-        follower = _Follow(self, spec, offset, kubestatus.LogCursor.from_json(cursor))
+        follower = _Follow(self, spec, offset, cursor)
         try:
             yield from follower.run()
         finally:
@@ -271,7 +271,10 @@ class _Follow:
         self.view = None
         self.queue = None                    # Kueue's view of the job (kueue.QueueView), where it is queued
         self.next_queue_look = 0.0
-        self.logs = _LauncherLogs(self, cursor)
+        if self.reading.concurrent_logs:
+            self.logs = _EveryPodsLogs(self, cursor)
+        else:
+            self.logs = _LauncherLogs(self, kubestatus.LogCursor.from_json(cursor))
 
     def _changed(self):
         """Called by the informer's threads when the job's MPIJob, pods or events changed."""
@@ -368,10 +371,11 @@ class _Follow:
 class _LauncherLogs:
     """Each launcher pod's log to its end, oldest pod first, resuming at the cursor: one stream
     at a time, read on kubelogs' loop, which queues what arrives and rings the follow's bell;
-    take() (the follow's steps) turns it into the launcher's output and opens the next stream."""
+    take() (the follow's steps) turns it into the launcher's output and opens the next stream.
+    `only`: read that pod's log alone (one of _EveryPodsLogs' parts)."""
 
-    def __init__(self, follow, cursor):
-        self.follow, self.cursor = follow, cursor
+    def __init__(self, follow, cursor, only=None):
+        self.follow, self.cursor, self.only = follow, cursor, only
         self.arrived = collections.deque()    # ("data", bytes) and ("end", exception or None), from the loop
         self.stream = self.reader = None
         self.open_at = 0.0                    # no stream before this (a refused or cut one: not at once)
@@ -416,7 +420,7 @@ class _LauncherLogs:
         if not cursor.pod:
             done = cursor.done
             fresh = [p for p in self.follow.reading.log_pods(self.follow.view.pods())
-                     if p["metadata"]["name"] not in done]
+                     if p["metadata"]["name"] not in done and self.only in (None, p["metadata"]["name"])]
             if not fresh:
                 self.drained = self.follow.ended
                 return                         # the informer rings when a launcher pod appears
@@ -469,3 +473,67 @@ class _LauncherLogs:
                 return None
             raise
         return runner.api_client.sanitize_for_serialization(pod)
+
+
+class _EveryPodsLogs:
+    """Every pod's log at once (Reading.concurrent_logs: a TrainJob's nodes run together, and a
+    line of node 1 must not wait for node 0's end): a _LauncherLogs of its own per pod, their
+    whole lines taken as they come. The cursor is each pod's LogCursor by name."""
+
+    def __init__(self, follow, cursor):
+        self.follow = follow
+        self.parts = {}
+        for name, saved in _every_pods_cursor(cursor).items():
+            self._add(name, kubestatus.LogCursor.from_json(saved))
+
+    def _add(self, name, cursor):
+        self.parts[name] = _LauncherLogs(self.follow, cursor, only=name)
+
+    def cursor_json(self, taken=None):
+        """Every part's cursor; `taken`: (pod, the cursor of what that part just gave)."""
+        every = {name: part.cursor.to_json() for name, part in self.parts.items()}
+        if taken is not None:
+            every[taken[0]] = taken[1]
+        return {"every": every}
+
+    @property
+    def drained(self):
+        return self.follow.ended and all(part.drained for part in self.parts.values())
+
+    def has_news(self):
+        return any(part.has_news() for part in self.parts.values())
+
+    def idle(self):
+        return all(part.idle() for part in self.parts.values())
+
+    def due(self):
+        return min((part.due() for part in self.parts.values()), default=float("inf"))
+
+    def take(self, now):
+        """[(output bytes, cursor json)] of what every pod's log gave (whole lines), after
+        adding a part for each pod that appeared."""
+        if self.follow.view is not None:
+            for pod in self.follow.reading.log_pods(self.follow.view.pods()):
+                if pod["metadata"]["name"] not in self.parts:
+                    self._add(pod["metadata"]["name"], kubestatus.LogCursor())
+        taken = []
+        for name, part in self.parts.items():
+            for data, cursor in part.take(now):
+                taken.append((data, self.cursor_json((name, cursor))))
+        return taken
+
+    def close(self):
+        for part in self.parts.values():
+            part.close()
+
+
+def _every_pods_cursor(cursor):
+    """{pod: LogCursor json} of a stored cursor: _EveryPodsLogs' own, or that of a reading of one
+    pod at a time, whose pods each become a part."""
+    cursor = cursor or {}
+    if "every" in cursor:
+        return dict(cursor["every"])
+    every = {name: {"done": [name]} for name in cursor.get("done", [])}
+    if cursor.get("pod"):
+        every[cursor["pod"]] = {**cursor, "done": []}
+    return every

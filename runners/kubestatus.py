@@ -180,6 +180,9 @@ class Reading:
     log_container: str
     exit_code: Callable             # pods -> the job's exit code, or None
     logs: str                       # what the logs are called
+    # False: each pod's log is read to its end before the next one's (a retried launcher after
+    # the one before it); True: every pod's log at once, as their lines come (a TrainJob's nodes).
+    concurrent_logs: bool = False
 
 
 def _workers_detail(pods):
@@ -196,7 +199,7 @@ MPIJOB = Reading("MPIJob", outcome, lambda job, pods: is_running(job), _workers_
                  launcher_pods, LAUNCHER, _launcher_exit_code, "the launcher's log")
 TRAINJOB = Reading("TrainJob", trainjob_outcome, trainjob_running,
                    lambda pods: f"TrainJob running ({len(pods)} nodes)", trainjob_waiting,
-                   trainer_pods, TRAINER_CONTAINER, first_failed_exit_code, "the nodes' logs")
+                   trainer_pods, TRAINER_CONTAINER, first_failed_exit_code, "the nodes' logs", concurrent_logs=True)
 
 
 @dataclass

@@ -1,6 +1,9 @@
 """A torchrun job on the Kubernetes backend as a Kubeflow Trainer TrainJob: the runner, with the
 real `kubernetes` client over HTTP, against the fake API server playing Trainer, JobSet and the
 kubelet (tests/fakekube)."""
+import threading
+import time
+
 import kubernetes
 import pytest
 
@@ -60,6 +63,18 @@ def test_a_four_gpu_torchrun_job_is_two_nodes_that_run_to_complete_with_every_ra
     assert {"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "RINGMASTER_PREFIX_OUTPUT"} <= env
 
 
+def test_a_sixteen_gpu_job_on_eight_gpu_nodes_is_two_nodes_of_eight_that_run_to_complete(fake, runner):  # noqa: F811
+    runner.cluster = mpijob.ClusterSpec(namespace=NS, gpus_per_node=8)
+    job = spec(46, gpus=16)
+    runner.launch(job)
+    told, lines = follow(runner, job)
+    assert told[-1] == Exited(0, "jobset completed successfully")
+    stored = fake.trainjob(NS, job.name)             # the fake validated it against the CRD on create
+    assert (stored["spec"]["trainer"]["numNodes"], stored["spec"]["trainer"]["numProcPerNode"]) == (2, 8)
+    assert stored["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] in (8, "8")
+    assert sorted({line.rank for line in lines if line.rank is not None}) == list(range(16))
+
+
 def test_a_failed_rank_fails_the_trainjob_and_is_named_with_its_exit_code(fake, runner):  # noqa: F811
     job = spec(42)
     fake.scenarios[job.name] = Scenario(failed_rank=3)
@@ -93,3 +108,35 @@ def test_a_cluster_without_the_runtime_refuses_the_trainjob_saying_so(fake, runn
     with pytest.raises(Exception, match="torch-missing"):
         runner.launch(job)
     assert fake.trainjob(NS, job.name) is None
+
+
+def test_every_nodes_lines_come_while_the_nodes_run_and_a_new_follower_resumes_each_pod(fake, runner):  # noqa: F811
+    hold = threading.Event()                 # the nodes print their first step, then wait for this
+    fake.scenario = Scenario(hold=hold)
+    job = spec(45)
+    runner.launch(job)
+    splitter, lines, cursor, offset = OutputSplitter(), [], None, 0
+    deadline = time.monotonic() + 60
+    follow_events = waited(runner.follow(job, 0))
+    try:
+        for event in follow_events:
+            if isinstance(event, Output):
+                lines += splitter.feed(event.data)
+                cursor, offset = event.cursor, event.offset + len(event.data)
+            if {line.rank for line in lines} == {0, 1, 2, 3} or time.monotonic() > deadline:
+                break
+    finally:
+        follow_events.close()
+    # Node 1's ranks (2 and 3) are read while node 0 still runs: no node waits for another's end.
+    assert sorted((line.rank, line.text) for line in lines) == [(r, f"step 1 rank {r}") for r in range(4)]
+    hold.set()
+    told, rest = [], []
+    for event in waited(runner.follow(job, offset, cursor)):   # a new follower, at the stored cursor
+        if isinstance(event, Output):
+            rest += splitter.feed(event.data)
+        elif isinstance(event, Exited):
+            told.append(event)
+            break
+    assert told == [Exited(0, "jobset completed successfully")]
+    assert sorted((line.rank, line.text) for line in rest) == \
+        sorted((r, f"step {step} rank {r}") for r in range(4) for step in (2, 3))
