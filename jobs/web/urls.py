@@ -2,7 +2,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs.web import joblist, settings_views, usage_views, views
+from jobs.web import compare_views, joblist, settings_views, usage_views, views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -15,6 +15,7 @@ urlpatterns = [
     path("jobs/<id:job_id>/log/", views.job_log_download, name="job-log-download"),
     path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
+    path("compare/", compare_views.compare_page, name="compare"),
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("settings/", settings_views.settings_page, name="settings"),
     path("usage.csv", usage_views.usage_csv, name="usage-csv"),

@@ -72,7 +72,8 @@
     });
   }
 
-  function create({card, box, numbers, controls, ended}) {
+  // `label` names a series (a rank on the job page, a job on the compare page).
+  function create({card, box, numbers, controls, ended, label = rankName}) {
     const metrics = new Map();    // name -> {ranks: Map(rank -> Map(step|null -> value)), points, chart}
     const options = loadOptions();
     const smoothing = controls.querySelector("#chart-smoothing");
@@ -154,7 +155,7 @@
       if (!names.length) return;
       const ranks = [...new Set(names.flatMap((name) => [...metrics.get(name).ranks.keys()]))].sort(byRank);
       const head = document.createElement("tr");
-      head.append(cell("th", "metric"), ...ranks.map((r) => cell("th", rankName(r))));
+      head.append(cell("th", "metric"), ...ranks.map((r) => cell("th", label(r))));
       const body = names.map((name) => {
         const row = document.createElement("tr");
         row.dataset.metric = name;
@@ -213,9 +214,9 @@
           const color = COLORS[i % COLORS.length];
           data.push(columns[i], ema(columns[i], weight));
           series.push(
-            {label: `${rankName(rank)} (raw)`, stroke: fade(color, 0.3), width: 1, spanGaps: true, points: {show: false},
+            {label: `${label(rank)} (raw)`, stroke: fade(color, 0.3), width: 1, spanGaps: true, points: {show: false},
               aux: true},
-            {label: rankName(rank), stroke: color, width: 2, spanGaps: true, points: {show: steps.length < 2}});
+            {label: label(rank), stroke: color, width: 2, spanGaps: true, points: {show: steps.length < 2}});
         });
         bands = [];
       }
