@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from . import kueue
 from .base import BLACKLIST_COOLDOWN
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
@@ -30,7 +31,6 @@ JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "ringmaster"}
 JOB_ID_LABEL = "ringmaster.io/job-id"
 INSTALLATION_LABEL = "ringmaster.io/installation"    # the portal that made it
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 MPIJOB_COMMANDS = ("mpirun", "horovodrun")
 # Elastic jobs: mpi-operator v2 keeps this script in the job's ConfigMap (mounted at /etc/mpi),
@@ -181,7 +181,7 @@ def _labels(spec, cluster=None):
     if spec.installation:
         labels[INSTALLATION_LABEL] = spec.installation
     if cluster is not None and cluster.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
+        labels[kueue.QUEUE_LABEL] = cluster.kueue_queue
     return labels
 
 
