@@ -42,7 +42,7 @@ import threading
 import time
 
 AGENTS = "agents.json"
-POLL_SECONDS = 0.25
+POLL_SECONDS = 0.05          # how often the agents are looked at (and an elastic job's hosts file read)
 # Seconds the rendezvous waits for more agents once it has its minimum (torchrun's default, 30,
 # would hold every start and resize of an elastic job that long).
 LAST_CALL_SECONDS = 3
