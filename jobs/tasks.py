@@ -5,7 +5,7 @@ The domain never imports this module: it queues these tasks by name (jobs.taskqu
 from celery import shared_task
 from celery.signals import worker_ready
 
-from jobs.backends import clusters, instances
+from jobs import backends
 from jobs.domain import follow, scheduler
 
 
@@ -28,16 +28,12 @@ def stop_job(job_id):
 
 
 @shared_task
-def check_instances():
-    """Health of every enabled GPU instance over SSH (from beat, and on demand)."""
-    return {name: ok for name, (ok, _) in instances.check_all().items()}
-
-
-@shared_task
-def check_clusters():
-    """Whether every enabled cluster is reachable, and whether Kueue runs there (kept on the
-    cluster, for its admin page and the job form)."""
-    return {name: ok for name, (ok, _) in clusters.check_all().items()}
+def check_backend(name):
+    """One enabled backend's periodic health check (beat runs it every Backend.check_every
+    seconds: jobs.backends.check_schedule). A backend that is not enabled here is not checked."""
+    if name not in backends.names():
+        return None
+    return backends.get(name).periodic_check()
 
 
 @shared_task

@@ -21,7 +21,11 @@ def _worker_ready(**kwargs):
 
 
 @beat_init.connect
-def _beat_ready(**kwargs):
+def _beat_ready(sender, **kwargs):
+    """Beat's schedule gets the enabled backends' health checks (Django is set up by now), then
+    beat is marked ready."""
+    from jobs.backends import check_schedule
     from portal.readiness import mark_ready
 
+    sender.scheduler.update_from_dict(check_schedule())
     mark_ready("beat")

@@ -5,6 +5,7 @@ the filesystem and an in-memory channel layer. DATABASE_URL and REDIS_URL switch
 Redis. See README.md "Configuration" for the full list.
 """
 import base64
+import importlib.util
 import os
 import secrets
 from pathlib import Path
@@ -156,9 +157,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": 15.0},
-    "check-instances": {"task": "jobs.tasks.check_instances", "schedule": 60.0},
-    "check-clusters": {"task": "jobs.tasks.check_clusters", "schedule": 300.0},
 }
+# Beat adds the enabled backends' health checks, each at its own interval (portal.celery).
 
 # --- auth and API ---------------------------------------------------------------------------
 LOGIN_URL = "login"
@@ -265,6 +265,34 @@ RINGMASTER_BACKENDS = os.environ.get(
     "jobs.backends.local.LocalBackend jobs.backends.instances.InstancesBackend "
     "jobs.backends.kubernetes.KubernetesBackend",
 ).replace(",", " ").split()
+
+
+def backend_apps(paths):
+    """The Django apps among the packages of `paths` (dotted paths of Backend classes): the
+    package a backend class is in, when it has an apps.py or a models.py. Such a backend brings
+    its own models, migrations, admin.py (found by the admin's autodiscover) and templates, and is
+    installed only while it is enabled. Found on disk, importing nothing below the top package
+    (a backend module imports models, which need the apps)."""
+    apps = []
+    for path in paths:
+        parts = path.split(".")[:-1]
+        try:
+            spec = importlib.util.find_spec(parts[0]) if parts and parts[0] else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            continue          # jobs.backends' loader reports a path that cannot be imported
+        folder = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
+        package = parts
+        if not folder.is_dir():           # a module: its package
+            folder, package = folder.parent, parts[:-1]
+        name = ".".join(package)
+        if any((folder / file).exists() for file in ("apps.py", "models.py")) and name not in apps:
+            apps.append(name)
+    return apps
+
+
+INSTALLED_APPS += [app for app in backend_apps(RINGMASTER_BACKENDS) if app not in INSTALLED_APPS]
 # The Kubernetes backend: the timeout of one API call, and how often pods and events are polled.
 RINGMASTER_KUBE_REQUEST_SECONDS = float(os.environ.get("RINGMASTER_KUBE_REQUEST_SECONDS", "10"))
 RINGMASTER_KUBE_POLL_SECONDS = float(os.environ.get("RINGMASTER_KUBE_POLL_SECONDS", "2"))

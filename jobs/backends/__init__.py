@@ -53,6 +53,15 @@ def of(job):
     return get(job.backend)
 
 
+def check_schedule():
+    """Celery beat's entries for the enabled backends' periodic checks: one per backend that has
+    one (Backend.check_every), running jobs.tasks.check_backend with its name. A backend that is
+    not enabled has no entry, so its check never runs (portal.celery adds these when beat starts)."""
+    return {f"check-{backend.name}": {"task": "jobs.tasks.check_backend", "schedule": float(backend.check_every),
+                                      "args": (backend.name,)}
+            for backend in enabled() if backend.check_every}
+
+
 def label(name):
     backend = _enabled().get(name)
     return backend.label if backend else name

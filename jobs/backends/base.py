@@ -10,12 +10,26 @@ portal ask which backend a job has:
   holds until it ends (admission(), release());
 - running: the runner and what a launch leaves behind (runner(), after_launch());
 - the job page: links it adds, and the object it creates for a job (document()).
+
+What it owns besides: a periodic health check that beat runs only while it is enabled
+(check_every, periodic_check()), its own table on the capacity page (capacity_table()), and,
+where its package is a Django app (an apps.py or a models.py beside it), its models, migrations
+and admin, installed only while it is enabled (portal.settings.backend_apps).
 """
 from dataclasses import dataclass
 
 from jobs.backends.waits import Wait
 from jobs.models import Image, gpus_in_use
 from runners.gpus import matches
+
+
+@dataclass(frozen=True)
+class CapacityTable:
+    """A backend's own table on the capacity page: `template` renders one card from `rows`
+    (whatever the template needs: model rows, dicts)."""
+
+    template: str
+    rows: list
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,9 @@ class Backend:
     elastic = False
     # The launchers (runners.launchers) whose jobs its runner can start.
     launchers = ("horovod", "torchrun")
+    # Seconds between two runs of periodic_check() by Celery beat (jobs.backends.check_schedule);
+    # None: it has none. Beat schedules only the enabled backends.
+    check_every = None
 
     def __str__(self):
         return self.name
@@ -159,8 +176,15 @@ class Backend:
         """Why no job can go to this backend now, saying what an admin must add; None if one can."""
         return None
 
+    def api_fields(self):
+        """Fields of its own that a submission through the API (and so the CLI) may carry:
+        {name: django.forms.Field}. jobs.web.forms.JobForm takes those of every enabled backend
+        and refuses one given for a backend that does not declare it."""
+        return {}
+
     def page_fields(self):
-        """Fields of its own for the browser's job form: {name: django.forms.Field}."""
+        """Fields of its own for the browser's job form, under the names of its api_fields:
+        {name: django.forms.Field}."""
         return {}
 
     def largest_job(self):
@@ -207,8 +231,6 @@ class Backend:
             problem = self.gpu_model_problem(model)
             if problem and "gpu_model" not in form.errors:
                 form.add_error("gpu_model", problem)
-        if data.get("cluster") is not None:
-            form.add_error("cluster", f"The {self.name} backend takes no cluster.")
         limit, gpus = self.largest_job(), data.get("gpus")
         if limit is not None and gpus and gpus > limit and "gpus" not in form.errors:
             form.add_error("gpus", self.too_large(limit))
@@ -258,9 +280,20 @@ class Backend:
     def after_launch(self, job, runner, error=None):
         """Keep what a launch (or a failed one) taught the backend."""
 
+    def periodic_check(self):
+        """The health check beat runs every `check_every` seconds (jobs.tasks.check_backend):
+        look at what the backend runs jobs on and record what was found, so that admission and
+        the pages see it. Returns {name: ok} of what it checked."""
+        return {}
+
     def watch_hosts(self, job):
         """Look at the hosts of a running elastic job (its follower asks every few seconds) and
         record a lost one, for the scheduler to drop (Admission.lost)."""
+
+    # --- the capacity page -----------------------------------------------------------------------
+    def capacity_table(self):
+        """Its own table on the staff capacity page (a CapacityTable), or None: nothing to show."""
+        return None
 
     # --- the job page -------------------------------------------------------------------------
     def links(self, job):

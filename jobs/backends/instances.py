@@ -16,7 +16,7 @@ from django.utils import timezone
 from runners import ssh
 
 from jobs import taskqueue
-from jobs.backends.base import Admission, Backend, interpreter_problem
+from jobs.backends.base import Admission, Backend, CapacityTable, interpreter_problem
 from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
 from jobs.backends.waits import Wait
 from runners.gpus import matches
@@ -272,6 +272,21 @@ class InstancesBackend(Backend):
     label = "GPU instances over SSH"
     admission_class = InstancesAdmission
     elastic = True
+    check_every = 60        # an instance that stops answering gets no job a minute later
+
+    def periodic_check(self):
+        """Health of every enabled instance over SSH."""
+        return {name: ok for name, (ok, _) in check_all().items()}
+
+    def capacity_table(self):
+        """Per registered instance: health, the GPUs it offers and the ones its last check saw,
+        and which of them jobs hold now."""
+        rows = []
+        for instance in Instance.objects.prefetch_related("allocations").order_by("name"):
+            held = sorted({index for a in instance.allocations.all() for index in a.gpu_indices})
+            rows.append({"instance": instance, "in_use": sum(a.slots for a in instance.allocations.all()),
+                         "held": held, "gpus": instance.gpu_inventory})
+        return CapacityTable("jobs/capacity_instances.html", rows) if rows else None
 
     def capacity(self):
         """GPUs of the healthy, enabled instances."""

@@ -2,14 +2,14 @@
 (trainer.kubeflow.org/v1alpha1; torchrun) on a registered cluster, through the official client
 (runners.kubernetes); connection and job settings per cluster live in jobs.backends.clusters."""
 from django import forms
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.urls import reverse
 
-from jobs.backends.base import Admission, Backend
+from jobs.backends.base import Admission, Backend, CapacityTable
 from jobs.backends import clusters
 from jobs.backends.clusters import ClusterError, builder_of, default_cluster, namespace_for, render, runner_for
 from jobs.backends.waits import Wait
-from jobs.models import ACTIVE_STATES, Cluster, Job, in_use_expression
+from jobs.models import ACTIVE_STATES, Cluster, Job, State, in_use_expression
 from runners import mpijob, trainjob
 
 
@@ -81,9 +81,23 @@ class KubernetesBackend(Backend):
     admission_class = ClusterAdmission
     # Resized by scaling the MPIJob's Worker replicas (runners.kubernetes.KubernetesRunner.resize).
     elastic = True
+    check_every = 300       # reachable, and whether Kueue runs there (kept on the cluster)
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
+
+    def periodic_check(self):
+        """Whether every enabled cluster is reachable, and whether Kueue runs there (kept on the
+        cluster, for its admin page and the job form)."""
+        return {name: ok for name, (ok, _) in clusters.check_all().items()}
+
+    def capacity_table(self):
+        """Per cluster: GPUs in use (launching and running), its limit, jobs active and queued."""
+        active = Q(jobs__state__in=ACTIVE_STATES)
+        rows = list(Cluster.objects.annotate(
+            in_use=Sum(in_use_expression("jobs__"), filter=active, default=0), active=Count("jobs", filter=active),
+            queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
+        return CapacityTable("jobs/capacity_clusters.html", rows) if rows else None
 
     def elastic_problem(self, launcher):
         """What the Kubernetes object of `launcher`'s jobs cannot do (runners.trainjob: no
@@ -95,6 +109,10 @@ class KubernetesBackend(Backend):
             return None
         return ("No Kubernetes cluster is registered (or enabled): an admin adds one with "
                 "manage.py add_cluster, or in the admin under Clusters.")
+
+    def api_fields(self):
+        return {"cluster": forms.CharField(max_length=100, required=False,
+                                           help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")}
 
     def page_fields(self):
         if not self.offered():

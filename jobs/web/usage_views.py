@@ -3,14 +3,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, Sum
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from jobs.domain import accounting, quotas, scheduler
 from jobs import backends
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import ACTIVE_STATES, Cluster, Instance, Job, State, in_use_expression
+from jobs.models import ACTIVE_STATES, Job, State
 
 MAX_DAYS = 366
 QUEUE_ON_PAGE = 200
@@ -59,25 +58,6 @@ def _hours(summed):
     return [(*key, seconds / 3600) for key, seconds in sorted(summed.items())]
 
 
-def _cluster_rows():
-    """Per Kubernetes cluster: GPUs in use (launching and running), its limit, jobs active and queued."""
-    active = Q(jobs__state__in=ACTIVE_STATES)
-    return list(Cluster.objects.annotate(
-        in_use=Sum(in_use_expression("jobs__"), filter=active, default=0), active=Count("jobs", filter=active),
-        queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
-
-
-def _instance_rows():
-    """Per registered instance: health, the GPUs it offers and the ones its last check saw, and
-    which of them jobs hold now."""
-    rows = []
-    for instance in Instance.objects.prefetch_related("allocations"):
-        held = sorted({index for a in instance.allocations.all() for index in a.gpu_indices})
-        rows.append({"instance": instance, "in_use": sum(a.slots for a in instance.allocations.all()),
-                     "held": held, "gpus": instance.gpu_inventory})
-    return rows
-
-
 @login_required
 def capacity(request):
     """Staff: capacity and use per backend, quotas and their use, the queue with its reasons,
@@ -98,7 +78,6 @@ def capacity(request):
             continue
         rows.append({"name": backend.name, "label": backend.label, "capacity": capacity,
                      "in_use": book.backend_gpus(backend.name), "active": active, "queued": queued})
-    clusters = _cluster_rows()
     quota_rows = []
     for (kind, ident, backend), row in book.rows.items():
         name = row.user.get_username() if row.user_id else row.group.name
@@ -112,8 +91,7 @@ def capacity(request):
     usage = accounting.daily_usage(days[0], days[-1])
     return render(request, "jobs/capacity.html", {
         "backends": rows,
-        "clusters": clusters,
-        "instances": _instance_rows(),
+        "tables": [table for backend in backends.enabled() if (table := backend.capacity_table())],
         "site_default": quotas.describe_limits(book.site),
         "quota_rows": [(scope, limits, quotas.describe(limits, use)) for scope, limits, use in quota_rows],
         "queue": queue,

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
 from jobs.models import Cluster, Image, Job, JobEvent, QueueMapping, State
-from jobs.tasks import check_clusters
+from jobs.tasks import check_backend
 from tests.conftest import ROOT, job_name, wait_for
 from tests.fakekube import FakeKube, Scenario
 from tests.integration.test_job_lifecycle import wait_state
@@ -237,7 +237,7 @@ def test_a_queue_name_on_a_cluster_without_kueue_is_refused_with_the_reason(http
     found = Cluster.objects.get(name="fake")
     assert found.kueue_found is None                  # the fixture's cluster was never checked
     # The periodic check (beat): the cluster without Kueue is gone now and keeps what was found.
-    assert check_clusters() == {"fake": True, "no-kueue": False}
+    assert check_backend("kubernetes") == {"fake": True, "no-kueue": False}
     found.refresh_from_db()
     assert found.kueue_found is True and found.kueue_detail == "Kueue found: kueue.x-k8s.io/v1beta1 serves Workloads"
     assert Cluster.objects.get(name="no-kueue").kueue_found is False
