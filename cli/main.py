@@ -1,4 +1,4 @@
-"""`ringmaster`: submit, follow, list and cancel jobs from a terminal.
+"""`ringmaster`: submit, follow, list, tag, annotate and cancel jobs from a terminal.
 
 A plain client of the REST API and the job websocket (contracts in DESIGN.md). It imports
 nothing of the portal and no Django, so it runs wherever `requests` and `websockets` are.
@@ -314,6 +314,10 @@ def cmd_submit(client, args):
             body[key] = value
     if args.env:
         body["env"] = dict(args.env)
+    if args.tag:
+        body["tags"] = args.tag
+    if args.note is not None:
+        body["note"] = args.note
     job = client.request("POST", "/api/jobs/", expect=(201,), json=body)
     if args.quiet:
         print(job["id"], flush=True)
@@ -338,21 +342,54 @@ def _gpus_cell(job):
 
 
 def cmd_ls(client, args):
-    params = {"limit": args.limit} | ({"state": args.state} if args.state else {})
+    params = {"limit": args.limit} | ({"state": args.state} if args.state else {}) | \
+        ({"tag": args.tag} if args.tag else {})
     page = client.request("GET", "/api/jobs/", params=params)
     jobs = page["results"]
     if not jobs:
         warn("no jobs")
         return 0
     warn(f"times in {local_zone()}")
-    rows = [("ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON")]
+    rows = [("ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "TAGS", "REASON")]
     rows += [(str(job["id"]), job["name"] or "-", job["state"], _gpus_cell(job), job["backend"],
-              _local_time(job["created_at"]), " ".join((job["reason"] or "").split())) for job in jobs]
+              _local_time(job["created_at"]), ",".join(job.get("tags") or []) or "-",
+              " ".join((job["reason"] or "").split())) for job in jobs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     if page.get("count", 0) > len(jobs):
         warn(f"showing {len(jobs)} of {page['count']} jobs (--limit N shows more)")
+    return 0
+
+
+def _patch_job(client, job_id, body):
+    try:
+        return client.request("PATCH", f"/api/jobs/{job_id}/", json=body)
+    except NotFound:
+        raise NotFound(f"job {job_id} not found") from None
+
+
+def cmd_tag(client, args):
+    """Add and remove tags (the others stay); print the job's tags, one a line."""
+    tags = client.job(args.job_id).get("tags") or []
+    if args.add or args.remove:
+        removed = {" ".join(tag.split()) for tag in args.remove}       # as the portal stores them
+        tags = [tag for tag in tags if tag not in removed] + [tag for tag in args.add if tag not in removed]
+        tags = _patch_job(client, args.job_id, {"tags": tags})["tags"]
+    for tag in tags:
+        print(tag)
+    return 0
+
+
+def cmd_note(client, args):
+    """Set the job's note (TEXT, or standard input with "-"; "" clears it), or print it."""
+    if args.text is None:
+        note = client.job(args.job_id).get("note") or ""
+    else:
+        text = sys.stdin.read() if args.text == "-" else args.text
+        note = _patch_job(client, args.job_id, {"note": text})["note"]
+    if note:
+        print(note)
     return 0
 
 
@@ -425,7 +462,7 @@ def _positive(text):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="ringmaster", description="Submit, follow, list and cancel Ringmaster training jobs.",
+        prog="ringmaster", description="Submit, follow, list, tag and cancel Ringmaster training jobs.",
         epilog="Configuration: RINGMASTER_URL and RINGMASTER_TOKEN, or url/token in the [ringmaster] "
                "section of $RINGMASTER_CONFIG (default ~/.config/ringmaster/config.ini).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -454,6 +491,9 @@ def build_parser():
                         help="only GPUs whose nvidia-smi name contains this, e.g. A100 (instances, this machine)")
     submit.add_argument("--group", help="the group (team) the job's GPUs are charged to (default: yours)")
     submit.add_argument("--time-limit", type=int, metavar="MIN", help="time limit in minutes")
+    submit.add_argument("--tag", action="append", default=[], metavar="TAG",
+                        help="a tag to find the job by (repeatable)")
+    submit.add_argument("--note", metavar="TEXT", help="why you run the job (shown on its page)")
     submit.add_argument("-f", "--follow", action="store_true", help="then follow its logs to the end")
     submit.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
 
@@ -467,6 +507,21 @@ def build_parser():
     ls = commands.add_parser("ls", help="list your jobs, newest first (times in this machine's zone, named on stderr)")
     ls.add_argument("--state", help="only jobs in this state (e.g. RUNNING)")
     ls.add_argument("--limit", type=_positive, default=50, help="at most this many (default 50)")
+    ls.add_argument("--tag", action="append", default=[], metavar="TAG",
+                    help="only jobs with this tag (repeatable: jobs with every one)")
+
+    tag = commands.add_parser("tag", help="add or remove a job's tags, and print them",
+                              description="Change a job's tags (the others stay), then print them, one a line. "
+                                          "With neither --add nor --remove, print them only.")
+    tag.add_argument("job_id", type=int)
+    tag.add_argument("--add", action="append", default=[], metavar="TAG", help="add this tag (repeatable)")
+    tag.add_argument("--remove", action="append", default=[], metavar="TAG", help="remove this tag (repeatable)")
+
+    note = commands.add_parser("note", help="set or print a job's note",
+                               description='Set a job\'s note to TEXT ("-": read it from standard input; '
+                                           '"": clear it), or print it when no TEXT is given.')
+    note.add_argument("job_id", type=int)
+    note.add_argument("text", nargs="?", metavar="TEXT")
 
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
@@ -497,7 +552,7 @@ def _version():
         return "0.1.0"
 
 
-COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "cancel": cmd_cancel}
+COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "tag": cmd_tag, "note": cmd_note, "cancel": cmd_cancel}
 
 
 def main(argv=None):

@@ -7,5 +7,5 @@ class JobsConfig(AppConfig):
 
     def ready(self):
         from jobs import checks  # noqa: F401  (registers the system checks)
-        from jobs import lookups  # noqa: F401  (registers field__anyof)
+        from jobs import lookups  # noqa: F401  (registers field__anyof and jsonfield__has_tags)
         from jobs.domain import receivers  # noqa: F401  (connects the domain's signal receivers)

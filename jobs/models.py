@@ -125,6 +125,10 @@ class Job(models.Model):
     time_limit_minutes = models.PositiveIntegerField()
     gpu_model = models.CharField(max_length=100, blank=True, verbose_name="GPU model",
                                  help_text="Run only on GPUs whose name contains this (e.g. A100); blank: any.")
+    # The owner's own words about the job: tags to find it by (a JSON list of strings, filtered
+    # with tags__has_tags, jobs.lookups) and a note.
+    tags = models.JSONField(default=list, blank=True, help_text="Labels to find the job by, e.g. baseline, lr-sweep.")
+    note = models.TextField(blank=True, help_text="Why the job was run, what came of it.")
 
     # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.

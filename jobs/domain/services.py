@@ -1,4 +1,5 @@
-"""What users and admins do to jobs: submit, cancel, hold, release, reprioritise, store a script.
+"""What users and admins do to jobs: submit, cancel, hold, release, reprioritise, tag and note,
+store a script.
 
 Views, the API, Celery tasks and management commands all come through here; admission and
 queue positions are the scheduler's (jobs.domain.scheduler).
@@ -55,6 +56,8 @@ def resubmit_data(job, user=None):
     }
     if job.gpu_model:
         data["gpu_model"] = job.gpu_model
+    if job.tags:
+        data["tags"] = list(job.tags)       # a rerun is found by the same tags; its note is its own
     if job.max_gpus:
         data["max_gpus"] = job.max_gpus      # a rerun of an elastic job is elastic too
     if job.charged_group_id:
@@ -72,6 +75,16 @@ def resubmit_data(job, user=None):
     else:
         data["script_path"] = job.script_path
     return data
+
+
+def annotate(job, changes):
+    """Set a job's tags and/or note (`changes`: JobNotesForm.changes()). Only those columns are
+    written: a follower updating the job's output at the same moment keeps its own."""
+    if changes:
+        Job.objects.filter(pk=job.pk).update(**changes)
+        for name, value in changes.items():
+            setattr(job, name, value)
+    return job
 
 
 def store_script(owner, upload):

@@ -1,4 +1,5 @@
 """REST API under /api/ (contract in DESIGN.md). Another user's job is 404, never 403."""
+from django import forms as django_forms
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -8,13 +9,13 @@ from rest_framework.views import APIView
 
 from jobs.domain import logquery, quotas, scheduler, services, telemetry
 from jobs.domain.services import visible_jobs
-from jobs.web.forms import JobForm, ScriptUploadForm, visible_scripts
+from jobs.web.forms import MAX_TAG_CHARS, JobForm, JobNotesForm, ScriptUploadForm, clean_tag, visible_scripts
 from jobs.models import Image, MetricPoint, State
 from jobs.web import params as params_
 from jobs.web.parsers import JSONParser
 from jobs.web.serializers import (
     DetailSerializer, ErrorsSerializer, ImageSerializer, JobCreateRequest, JobDetailSerializer, JobPageSerializer,
-    JobSerializer, LogLineSerializer, LogPageSerializer, MetricsSerializer, QuotaSerializer, ScriptSerializer,
+    JobSerializer, JobUpdateRequest, LogLineSerializer, LogPageSerializer, MetricsSerializer, QuotaSerializer, ScriptSerializer,
     ScriptUploadRequest, rank_label,
 )
 
@@ -72,6 +73,10 @@ class JobList(APIView):
     @extend_schema(operation_id="jobs_list", responses={200: JobPageSerializer, 400: ErrorsSerializer, **REFUSED},
                    parameters=[OpenApiParameter("state", {"type": "string", "enum": State.values},
                                                 description="Only jobs in this state (any case)."),
+                               OpenApiParameter("tag", {"type": "array", "items": {"type": "string",
+                                                                                   "maxLength": MAX_TAG_CHARS}},
+                                                style="form", explode=True,
+                                                description="Only jobs with this tag; repeated: with every one."),
                                OpenApiParameter("limit", integer_schema(params_.Pagination.limit_bounds),
                                                 description="At most this many jobs."),
                                OpenApiParameter("offset", integer_schema(params_.Pagination.offset_bounds),
@@ -84,6 +89,12 @@ class JobList(APIView):
                 return Response({"state": [f"Must be one of {', '.join(State.values)}."]},
                                 status=status.HTTP_400_BAD_REQUEST)
             jobs = jobs.filter(state=state)
+        try:
+            tags = [clean_tag(tag) for tag in request.query_params.getlist("tag") if tag.strip()]
+        except django_forms.ValidationError as exc:
+            return Response({"tag": exc.messages}, status=status.HTTP_400_BAD_REQUEST)
+        if tags:
+            jobs = jobs.filter(tags__has_tags=tags)
         if request.query_params.get("mine") and request.user.is_staff:
             jobs = jobs.filter(owner=request.user)
         paginator = params_.Pagination()
@@ -102,9 +113,24 @@ class JobList(APIView):
 
 
 class JobDetail(APIView):
+    parser_classes = [JSONParser]
+
     @extend_schema(responses={200: JobDetailSerializer, **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
         job = get_job(request, job_id)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=JobUpdateRequest, responses={200: JobDetailSerializer, 400: ErrorsSerializer, **REFUSED,
+                                                        404: DetailSerializer})
+    def patch(self, request, job_id):
+        """Change the job's tags and/or note; any other field is refused (400, named)."""
+        job = get_job(request, job_id)
+        if not isinstance(request.data, dict):
+            return Response({"non_field_errors": ["Send a JSON object."]}, status=status.HTTP_400_BAD_REQUEST)
+        form = JobNotesForm(request.data)
+        if not form.is_valid():
+            return Response(form_errors(form), status=status.HTTP_400_BAD_REQUEST)
+        services.annotate(job, form.changes())
         return Response(JobDetailSerializer(job, context={"request": request}).data)
 
 

@@ -24,6 +24,9 @@ MAX_ARGS = 1000
 MAX_ARG_CHARS = 8192
 MAX_ENV = 500
 MAX_PRIORITY = 1000
+MAX_TAGS = 20
+MAX_TAG_CHARS = 64
+MAX_NOTE_CHARS = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
 
@@ -128,6 +131,77 @@ class EnvTextField(StringMapField):
         return super().to_python(value)
 
 
+def clean_tag(value):
+    """One tag, its whitespace collapsed to single spaces, or a ValidationError saying why not."""
+    if not isinstance(value, str):
+        raise forms.ValidationError("Must be a list of strings.")
+    _no_nul(value, "A tag")
+    tag = " ".join(value.split())
+    if not tag:
+        raise forms.ValidationError("A tag cannot be empty.")
+    if "," in tag:
+        raise forms.ValidationError(f"A tag cannot contain a comma ({tag!r}): commas separate tags on the job page.")
+    if len(tag) > MAX_TAG_CHARS:
+        raise forms.ValidationError(f"A tag is at most {MAX_TAG_CHARS} characters ({tag[:20]!r}... is {len(tag)}).")
+    return tag
+
+
+def clean_tags(values):
+    """Tags as stored: each cleaned by clean_tag, duplicates dropped (the first kept), at most MAX_TAGS."""
+    tags = list(dict.fromkeys(clean_tag(value) for value in values))
+    if len(tags) > MAX_TAGS:
+        raise forms.ValidationError(f"At most {MAX_TAGS} tags per job ({len(tags)} given).")
+    return tags
+
+
+class TagListWidget(forms.TextInput):
+    """Reads every value of a repeated form field (tags=a&tags=b), a JSON list as it is."""
+
+    def value_from_datadict(self, data, files, name):
+        if hasattr(data, "getlist") and name in data:
+            return data.getlist(name)
+        return data.get(name)
+
+
+class TagListField(forms.Field):
+    """A job's tags (the API's shape: a list of strings), as clean_tags() stores them."""
+
+    widget = TagListWidget
+
+    def to_python(self, value):
+        if value is None:
+            return []
+        if not isinstance(value, (list, tuple)):
+            raise forms.ValidationError("Must be a list of strings.")
+        return clean_tags(value)
+
+
+class TagsTextField(TagListField):
+    """The job page's tags box: tags separated by commas."""
+
+    widget = forms.TextInput
+
+    def to_python(self, value):
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        return super().to_python(value)
+
+
+class NoteField(forms.CharField):
+    """Free text about a job: why it was run, what came of it."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 3}))
+        super().__init__(max_length=MAX_NOTE_CHARS, required=False, strip=True, **kwargs)
+
+    def to_python(self, value):
+        if value is not None and not isinstance(value, str):
+            raise forms.ValidationError("Must be a string.")
+        value = super().to_python(value)
+        _no_nul(value, "The note")
+        return value
+
+
 class ImageField(forms.Field):
     """An enabled image of the catalog, given by name or by id."""
 
@@ -173,8 +247,6 @@ class JobForm(forms.Form):
                   " Empty: the image's (Horovod where it carries both).")
     backend = forms.CharField(max_length=20, required=False,
                               help_text="An enabled backend; empty: the portal's default.")
-    cluster = forms.CharField(max_length=100, required=False,
-                              help_text="Kubernetes backend: the cluster (name); empty: the only one there is.")
     time_limit_minutes = forms.IntegerField(required=False, min_value=1, label="Time limit (minutes)")
     gpu_model = forms.CharField(max_length=100, required=False, label="GPU model",
                                 help_text="Only GPUs whose name contains this, e.g. A100; empty: any.")
@@ -182,10 +254,18 @@ class JobForm(forms.Form):
                             help_text="The group (team) this job is charged to; empty: your default group.")
     priority = forms.IntegerField(required=False, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
                                   help_text="Staff only. Higher runs first; default 0.")
+    tags = TagListField(required=False)
+    note = NoteField()
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
+        self.backend_fields = set()              # the enabled backends' own (Backend.api_fields)
+        for backend in backends.enabled():
+            for name, field in backend.api_fields().items():
+                if name not in self.base_fields:     # never in place of one of the form's own
+                    self.fields.setdefault(name, field)
+                    self.backend_fields.add(name)
         if settings.RINGMASTER_MAX_GPUS_PER_JOB is not None:
             self.fields["gpus"].widget.attrs["max"] = settings.RINGMASTER_MAX_GPUS_PER_JOB
         self.fields["time_limit_minutes"].widget.attrs["max"] = settings.RINGMASTER_MAX_TIME_LIMIT_MINUTES
@@ -239,12 +319,6 @@ class JobForm(forms.Form):
             raise forms.ValidationError(problem)
         return backend
 
-    def clean_cluster(self):
-        """Where the job runs, for a backend with several places (resolved by that backend)."""
-        value = (self.cleaned_data["cluster"] or "").strip()
-        _no_nul(value, "The cluster")
-        return value or None
-
     def clean_gpu_model(self):
         value = (self.cleaned_data["gpu_model"] or "").strip()
         _no_nul(value, "The GPU model")
@@ -294,6 +368,7 @@ class JobForm(forms.Form):
                 self.add_error("max_gpus", f"Most GPUs must be at least GPUs ({gpus}).")
             elif most == gpus:
                 data["max_gpus"] = None                   # one size: not elastic
+        self._clean_backend_fields(backend, data)
         if backend is not None:
             backend.clean(self, data)
             most = data.get("max_gpus")
@@ -306,6 +381,20 @@ class JobForm(forms.Form):
             if problem:
                 self.add_error("gpus", problem)
         return data
+
+    def _clean_backend_fields(self, backend, data):
+        """Backends' own fields: text that can be stored, empty as None, and none given that the
+        job's backend does not take."""
+        own = set(backend.api_fields()) if backend is not None else set()
+        for name in sorted(self.backend_fields):
+            value = data.get(name)
+            if isinstance(value, str):
+                value = data[name] = value.strip() or None
+                if value is not None and (problem := text_problem(value)):
+                    self.add_error(name, f"The {name} {problem}.")
+                    continue
+            if backend is not None and value is not None and name not in own and name not in self.errors:
+                self.add_error(name, f"The {backend.name} backend takes no {name}.")
 
     def _clean_launcher(self, data):
         """The job's launcher: one its image carries (the image's first, Horovod before torchrun,
@@ -349,7 +438,44 @@ class JobForm(forms.Form):
             "gpu_model": data.get("gpu_model") or "",
             "charged_group": data.get("group"),      # absent on the page of a user in no group
             "priority": data.get("priority") or 0,   # absent on a non-staff user's page
+            "tags": data.get("tags") or [],
+            "note": data.get("note") or "",
         }
+
+
+class JobNotesForm(forms.Form):
+    """What can change after a job is submitted, by whoever may see it (its owner, staff): its
+    tags and its note. Only the fields present in `data` are checked and changed (a PATCH);
+    anything else in `data` is refused, named."""
+
+    tags = TagListField(required=False)
+    note = NoteField()
+
+    def __init__(self, data, *, partial=True, **kwargs):
+        super().__init__(data, **kwargs)
+        self.unknown = sorted(str(name) for name in data if name not in self.fields) if partial else []
+        if partial:
+            for name in [name for name in self.fields if name not in data]:
+                del self.fields[name]
+
+    def clean(self):
+        data = super().clean()
+        for name in self.unknown:
+            self._errors[name] = self.error_class(["Only tags and note can be changed."])
+        return data
+
+    def changes(self):
+        """The cleaned fields, as Job model fields."""
+        return {name: self.cleaned_data[name] for name in self.fields}
+
+
+class JobNotesPageForm(JobNotesForm):
+    """The job page's form: tags typed as one line, separated by commas; both fields always sent."""
+
+    tags = TagsTextField(required=False, help_text="Separated by commas.")
+
+    def __init__(self, data=None, **kwargs):
+        super().__init__(data, partial=False, **kwargs)
 
 
 class ScriptUploadForm(forms.Form):

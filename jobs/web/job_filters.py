@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from jobs import backends
 from jobs.models import State
+from jobs.web.forms import TagListField
 from jobs.web.params import BIGINT, plain_digits, text_problem
 
 # value -> (label, ordering). Every ordering ends in the id, so pages never overlap.
@@ -24,7 +25,14 @@ SORTS = {
 }
 # The column whose heading sorts, and the sort a second click gives.
 COLUMN_SORTS = {"submitted": ("newest", "oldest"), "gpus": ("gpus", "-gpus"), "duration": ("longest", "shortest")}
-FIELDS = ("q", "state", "backend", "owner", "mine", "sort")
+FIELDS = ("q", "state", "backend", "owner", "mine", "tag", "sort")
+
+
+class TagFilterField(TagListField):
+    """?tag=a&tag=b: jobs with every one of these tags; empty values are left out."""
+
+    def to_python(self, value):
+        return super().to_python([tag for tag in value or [] if not isinstance(tag, str) or tag.strip()])
 
 
 class JobFilterForm(forms.Form):
@@ -35,6 +43,7 @@ class JobFilterForm(forms.Form):
     owner = forms.CharField(required=False, max_length=150, label="Owner",
                             widget=forms.TextInput(attrs={"placeholder": "username"}))
     mine = forms.BooleanField(required=False)
+    tag = TagFilterField(required=False, label="Tag")
     sort = forms.ChoiceField(required=False, choices=[(key, label) for key, (label, _) in SORTS.items()])
 
     def __init__(self, *args, user, **kwargs):
@@ -68,7 +77,21 @@ class JobFilterForm(forms.Form):
         """The query string of the valid filters (and `changes`), for links: "?state=RUNNING&..."."""
         values = {name: self.value(name) for name in FIELDS if name in self.fields} | changes
         values = {name: ("1" if value is True else value) for name, value in values.items() if value}
-        return "?" + urlencode(values) if values else "?"
+        return "?" + urlencode(values, doseq=True) if values else "?"
+
+    def tags(self):
+        """The tags the list is filtered by."""
+        return self.value("tag") or []
+
+    def with_tag(self, tag):
+        """The query string that also filters by `tag` (a tag clicked in a row)."""
+        tags = self.tags()
+        return self.query(tag=tags if tag in tags else [*tags, tag])
+
+    def tag_removals(self):
+        """[(tag, the query string without it)], for the tags the list is filtered by."""
+        tags = self.tags()
+        return [(tag, self.query(tag=[other for other in tags if other != tag])) for tag in tags]
 
     def filter(self, jobs, user):
         """`jobs` (already what the user may see) filtered, searched and sorted."""
@@ -81,6 +104,8 @@ class JobFilterForm(forms.Form):
             jobs = jobs.filter(owner__username__iexact=self.value("owner"))
         if self.value("mine"):
             jobs = jobs.filter(owner=user)
+        if self.tags():
+            jobs = jobs.filter(tags__has_tags=self.tags())
         text = self.value("q")
         if text:
             by_id = text.removeprefix("#")

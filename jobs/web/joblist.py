@@ -24,6 +24,7 @@ def job_list(request):
     now = timezone.now()
     for job in rows.values():
         job.run_time = short_duration(run_time(job, now))
+        job.tag_links = [(tag, filters.with_tag(tag)) for tag in job.tags]
     context = {"page": page, "jobs": [rows[pk] for pk in ids], "filters": filters,
                "columns": filters.column_links(), "page_query": _then(filters.query())}
     template = "jobs/_job_list_live.html" if request.GET.get("live") else "jobs/job_list.html"

@@ -12,7 +12,7 @@ from jobs.domain.services import visible_jobs, visible_scripts
 from jobs.models import Image, Script
 from jobs.web import formhints
 from jobs.web.formhints import DescribedSelect, script_description
-from jobs.web.forms import ArgsTextField, EnvTextField, ImageField, JobForm, ScriptUploadForm
+from jobs.web.forms import ArgsTextField, EnvTextField, ImageField, JobForm, NoteField, ScriptUploadForm, TagsTextField
 from runners import launchers
 
 GONE = "The script uploaded earlier is gone; upload it again."
@@ -40,14 +40,17 @@ class JobPageForm(JobForm):
     group = forms.TypedChoiceField(required=False, coerce=str, empty_value="", label="Charge to group")
     backend = forms.ChoiceField(required=False)
     launcher = forms.ChoiceField(required=False, choices=[("", "the image's")] + launchers.choices())
+    tags = TagsTextField(required=False, help_text="Separated by commas; the job list filters by them.")
+    note = NoteField(help_text="Why you run this job (shown on its page).")
 
     field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "args", "env", "backend",
-                   "cluster", "gpu_model", "time_limit_minutes", "group", "priority"]
+                   "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "tags", "note"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         offered = [backend for backend in backends.enabled() if backend.offered()]
-        del self.fields["cluster"]                 # a backend that has places adds its own field
+        for name in self.backend_fields:           # each offered backend adds its page_fields instead
+            del self.fields[name]
         for backend in offered:
             self.fields.update(backend.page_fields())
         self.order_fields(self.field_order)
@@ -136,7 +139,8 @@ class JobPageForm(JobForm):
         """The form's initial values to rerun `job` (clone and edit); `data`: its API-shaped
         settings (services.resubmit_data)."""
         initial = {**data, "args": shlex.join(data.get("args") or []), "parent": job.pk, "priority": job.priority,
-                   "env": "\n".join(f"{name}={value}" for name, value in (data.get("env") or {}).items())}
+                   "env": "\n".join(f"{name}={value}" for name, value in (data.get("env") or {}).items()),
+                   "tags": ", ".join(data.get("tags") or [])}
         if job.cluster_id:
             initial["cluster"] = job.cluster_id
         return initial

@@ -2,7 +2,9 @@
 input is validated by jobs.web.forms, the one validation path)."""
 from rest_framework import serializers
 
+from jobs import backends
 from jobs.models import Image, Job, JobEvent, LogLine, Script
+from jobs.web import forms
 from jobs.domain.logwire import rank_label
 from jobs.domain.scheduler import queue_position
 from runners import launchers
@@ -41,6 +43,8 @@ class JobSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     size = serializers.SerializerMethodField()
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                 help_text="Labels to find the job by (GET /api/jobs/?tag=).")
 
     class Meta:
         model = Job
@@ -48,7 +52,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
             "args", "env", "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
-            "gpu_seconds", "url",
+            "gpu_seconds", "tags", "note", "url",
         ]
 
     def get_queue_position(self, job) -> int | None:
@@ -65,6 +69,22 @@ class JobSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         path = f"/jobs/{job.pk}/"
         return request.build_absolute_uri(path) if request else path
+
+
+TAGS_HELP = (f"Labels to find the job by (GET /api/jobs/?tag=): at most {forms.MAX_TAGS}, each 1 to "
+             f"{forms.MAX_TAG_CHARS} characters, no commas; runs of whitespace become one space, "
+             "duplicates are dropped.")
+NOTE_HELP = f"Why the job was run, what came of it (at most {forms.MAX_NOTE_CHARS:,} characters)."
+
+
+def tags_field():
+    return serializers.ListField(child=serializers.CharField(min_length=1, max_length=forms.MAX_TAG_CHARS),
+                                 max_length=forms.MAX_TAGS, required=False, help_text=TAGS_HELP)
+
+
+def note_field():
+    return serializers.CharField(required=False, allow_blank=True, max_length=forms.MAX_NOTE_CHARS,
+                                 help_text=NOTE_HELP)
 
 
 class JobDetailSerializer(JobSerializer):
@@ -106,13 +126,30 @@ class JobCreateRequest(serializers.Serializer):
                                                  "Default: the image's, horovod where it carries both.")
     backend = serializers.CharField(required=False, help_text="An enabled backend (settings.RINGMASTER_BACKENDS; "
                                                                "by default local, instances, kubernetes).")
-    cluster = serializers.CharField(required=False, help_text="Kubernetes backend: the cluster's name (default: the only one).")
     gpu_model = serializers.CharField(required=False, help_text="Only GPUs whose nvidia-smi name contains this "
                                                                 "(e.g. A100); local and instances backends.")
     name = serializers.CharField(required=False)
     time_limit_minutes = serializers.IntegerField(required=False, min_value=1)
     group = serializers.CharField(required=False, help_text="Group to charge (one of yours); default: your default group.")
     priority = serializers.IntegerField(required=False, help_text="Staff only; higher runs first (default 0).")
+    tags = tags_field()
+    note = note_field()
+
+    def get_fields(self):
+        """With the enabled backends' own fields (Backend.api_fields, e.g. kubernetes' cluster)."""
+        fields = super().get_fields()
+        for backend in backends.enabled():
+            for name, field in backend.api_fields().items():
+                fields.setdefault(name, serializers.CharField(required=False, help_text=field.help_text))
+        return fields
+
+
+class JobUpdateRequest(serializers.Serializer):
+    """Documents PATCH /api/jobs/<id>/: the job's tags and note, the only fields that can change
+    (any other is refused, named); validation is jobs.web.forms.JobNotesForm."""
+
+    tags = tags_field()
+    note = note_field()
 
 
 class QuotaScopeSerializer(serializers.Serializer):

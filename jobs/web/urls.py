@@ -15,6 +15,7 @@ urlpatterns = [
     path("jobs/<id:job_id>/log/", views.job_log_download, name="job-log-download"),
     path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
+    path("jobs/<id:job_id>/notes/", views.job_notes, name="job-notes"),
     path("compare/", compare_views.compare_page, name="compare"),
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("settings/", settings_views.settings_page, name="settings"),

@@ -1,4 +1,4 @@
-"""The browser's pages: job form, job detail (and its MPIJob), cancel and rerun."""
+"""The browser's pages: job form, job detail (and its MPIJob), cancel, rerun, tags and note."""
 import json
 
 from asgiref.sync import sync_to_async
@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from jobs.domain import logquery, scheduler, services
 from jobs.domain.services import visible_jobs
 from jobs import backends
-from jobs.web.forms import JobForm
+from jobs.web.forms import JobForm, JobNotesPageForm
 from jobs.web.pageform import JobPageForm
 
 
@@ -44,6 +44,10 @@ def job_detail(request, job_id):
     """The job page. Its log view and charts load and follow the output in the browser
     (frontend/static/ringmaster/job.js): the tail over the API, then live over the websocket."""
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    return _job_page(request, job, JobNotesPageForm(initial={"tags": ", ".join(job.tags), "note": job.note}))
+
+
+def _job_page(request, job, notes_form, status=200):
     backend = _backend_of(job)
     return render(request, "jobs/job_detail.html", {
         "job": job,
@@ -55,7 +59,8 @@ def job_detail(request, job_id):
         "last_seq": job.next_seq - 1,
         "queue_position": scheduler.queue_position(job),
         "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
-    })
+        "notes_form": notes_form,
+    }, status=status)
 
 
 def _backend_of(job):
@@ -118,6 +123,19 @@ def job_cancel(request, job_id):
         messages.info(request, f"Cancelling job {job.pk}.")
     except services.CannotCancel as exc:
         messages.error(request, str(exc))
+    return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_notes(request, job_id):
+    """The job page's tags and note form (the same checks as PATCH /api/jobs/<id>/)."""
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    form = JobNotesPageForm(request.POST)
+    if not form.is_valid():                 # shown again with what was typed and why it was refused
+        return _job_page(request, job, form, status=400)
+    services.annotate(job, form.changes())
+    messages.success(request, f"Saved the tags and note of job {job.pk}.")
     return redirect("job-detail", job_id=job.pk)
 
 

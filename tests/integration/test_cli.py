@@ -144,7 +144,7 @@ def test_submit_follow_ls_and_logs_of_a_two_rank_job(env, train_py):
     listed = ringmaster(env, "ls")
     assert listed.returncode == 0
     header, *rows = listed.stdout.splitlines()
-    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON"]
+    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "TAGS", "REASON"]
     row = next(r for r in rows if r.split()[0] == str(job_id))
     assert row.split()[1:6] == ["cli", "hello", "SUCCEEDED", "2", "local"]
     assert env["RINGMASTER_TOKEN"] not in follow.out + follow.err + [listed.stdout, listed.stderr]
@@ -176,11 +176,40 @@ def test_another_users_job_is_not_found(env, image, make_user):
     theirs = Job.objects.create(owner=bob, image=image, gpus=1, script=script, time_limit_minutes=5,
                                 state=State.CANCELLED)
     for job_id in (theirs.pk, 999999):
-        for argv in (["logs", job_id], ["logs", "-f", job_id], ["cancel", job_id]):
+        for argv in (["logs", job_id], ["logs", "-f", job_id], ["cancel", job_id], ["tag", job_id, "--add", "x"],
+                     ["note", job_id, "x"], ["note", job_id]):
             result = ringmaster(env, *argv)
             assert (result.returncode, result.stdout) == (1, ""), argv
             assert result.stderr.strip() == f"ringmaster: job {job_id} not found", argv
     assert str(theirs.pk) not in [line.split()[0] for line in ringmaster(env, "ls").stdout.splitlines()]
+
+
+def test_tags_and_notes_set_at_submit_changed_and_filtered_by(env, train_py, image, alice):
+    tagged = ringmaster(env, "submit", "-q", "--image", "horovod-cpu", "--gpus", "1", "--tag", "resnet",
+                        "--tag", "lr  sweep", "--note", "baseline run", train_py, "--", "--lines", "1")
+    assert tagged.returncode == 0, tagged.stderr
+    job_id = int(tagged.stdout)
+    job = Job.objects.get(pk=job_id)
+    assert (job.tags, job.note) == (["resnet", "lr sweep"], "baseline run")
+    other = Job.objects.create(owner=alice, image=image, gpus=1, script_path="t.py", time_limit_minutes=5,
+                               state=State.CANCELLED, tags=["resnet"])
+
+    def listed(*tags):
+        result = ringmaster(env, "ls", *[arg for tag in tags for arg in ("--tag", tag)])
+        assert result.returncode == 0, result.stderr
+        return [int(line.split()[0]) for line in result.stdout.splitlines()[1:]]
+
+    assert listed("resnet") == [other.pk, job_id]
+    assert listed("resnet", "lr sweep") == [job_id]
+    changed = ringmaster(env, "tag", other.pk, "--add", "best", "--add", "lr sweep", "--remove", "resnet")
+    assert (changed.returncode, changed.stdout.splitlines()) == (0, ["best", "lr sweep"])
+    assert listed("lr sweep") == [other.pk, job_id] and listed("resnet") == [job_id]
+    assert ringmaster(env, "note", other.pk, "diverged at step 900").returncode == 0
+    assert ringmaster(env, "note", other.pk).stdout == "diverged at step 900\n"
+    assert Job.objects.get(pk=other.pk).note == "diverged at step 900"
+    bad = ringmaster(env, "tag", other.pk, "--add", "x" * 65)
+    assert bad.returncode == 2 and bad.stderr.startswith("ringmaster: tags: A tag is at most 64 characters")
+    assert Job.objects.get(pk=other.pk).tags == ["best", "lr sweep"]
 
 
 def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):

@@ -241,7 +241,7 @@ def test_ls_names_the_zone_of_the_times_it_prints(kolkata, capsys):
     out, err = capsys.readouterr()
     assert "ringmaster: times in Asia/Kolkata (UTC+05:30)" in err.splitlines()
     header, row = out.splitlines()
-    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "REASON"]
+    assert header.split() == ["ID", "NAME", "STATE", "GPUS", "BACKEND", "CREATED", "TAGS", "REASON"]
     assert "2026-11-25 11:45:02" in row                      # 06:15:02 UTC, in Kolkata
 
 
@@ -264,3 +264,66 @@ def test_ls_shows_an_elastic_jobs_size_now_and_its_bounds():
 def test_submit_takes_the_most_gpus_of_an_elastic_job():
     args = cli.parse_args(["submit", "--image", "horovod-cpu", "--gpus", "2", "--max-gpus", "8", "train.py"])
     assert (args.gpus, args.max_gpus) == (2, 8)
+
+
+def test_submit_and_ls_take_tags_and_a_note():
+    args = cli.parse_args(["submit", "--image", "i", "--gpus", "1", "--tag", "resnet", "--tag", "lr sweep",
+                           "--note", "why", "t.py"])
+    assert (args.tag, args.note) == (["resnet", "lr sweep"], "why")
+    assert cli.parse_args(["submit", "--image", "i", "--gpus", "1", "t.py"]).tag == []
+    assert cli.parse_args(["ls", "--tag", "a", "--tag", "b"]).tag == ["a", "b"]
+
+
+class FakePortal:
+    """A client of a portal that holds one job (7): its tags and note, and the requests sent."""
+
+    def __init__(self, tags=(), note=""):
+        self.stored = {"id": 7, "name": "n", "state": "RUNNING", "gpus": 1, "backend": "local", "reason": "",
+                       "created_at": "2026-11-25T06:15:02Z", "tags": list(tags), "note": note}
+        self.sent = []
+
+    def job(self, job_id):
+        assert job_id == 7
+        return dict(self.stored)
+
+    def request(self, method, path, **kwargs):
+        self.sent.append((method, path, kwargs.get("json") or kwargs.get("params")))
+        if method == "PATCH":
+            self.stored.update(kwargs["json"])
+        if path == "/api/jobs/":
+            return {"count": 1, "results": [dict(self.stored)]}
+        return dict(self.stored)
+
+
+def test_tag_adds_and_removes_keeping_the_others(capsys):
+    portal = FakePortal(tags=["resnet", "old", "lr sweep"])
+    assert cli.cmd_tag(portal, cli.parse_args(["tag", "7", "--add", "best", "--remove", "old",
+                                               "--remove", "lr  sweep"])) == 0
+    assert portal.sent[-1] == ("PATCH", "/api/jobs/7/", {"tags": ["resnet", "best"]})
+    assert capsys.readouterr().out.splitlines() == ["resnet", "best"]
+    sent = len(portal.sent)
+    assert cli.cmd_tag(portal, cli.parse_args(["tag", "7"])) == 0            # no change: only printed
+    assert len(portal.sent) == sent and capsys.readouterr().out.splitlines() == ["resnet", "best"]
+
+
+def test_note_sets_clears_and_prints(capsys, monkeypatch):
+    import io
+    portal = FakePortal()
+    assert cli.cmd_note(portal, cli.parse_args(["note", "7", "diverged at step 900"])) == 0
+    assert portal.sent[-1] == ("PATCH", "/api/jobs/7/", {"note": "diverged at step 900"})
+    monkeypatch.setattr("sys.stdin", io.StringIO("two\nlines\n"))
+    cli.cmd_note(portal, cli.parse_args(["note", "7", "-"]))
+    assert portal.sent[-1][2] == {"note": "two\nlines\n"}
+    capsys.readouterr()
+    assert cli.cmd_note(portal, cli.parse_args(["note", "7"])) == 0
+    assert capsys.readouterr().out == "two\nlines\n\n"
+    cli.cmd_note(portal, cli.parse_args(["note", "7", ""]))
+    assert portal.sent[-1] == ("PATCH", "/api/jobs/7/", {"note": ""})
+
+
+def test_ls_sends_every_tag_and_shows_each_jobs_tags(capsys):
+    portal = FakePortal(tags=["resnet", "lr sweep"])
+    assert cli.cmd_ls(portal, cli.parse_args(["ls", "--tag", "resnet", "--tag", "lr sweep"])) == 0
+    assert portal.sent == [("GET", "/api/jobs/", {"limit": 50, "tag": ["resnet", "lr sweep"]})]
+    header, row = capsys.readouterr().out.splitlines()
+    assert row[header.index("TAGS"):].startswith("resnet,lr sweep")
