@@ -47,7 +47,7 @@ class CompareView(APIView):
 @login_required
 def compare_page(request):
     try:
-        jobs = compared_jobs(request.user, request.GET.get("jobs", ""))
+        jobs = compared_jobs(request.user, ",".join(request.GET.getlist("jobs")))   # the list's ticks: jobs=1&jobs=2
     except CompareError as error:
         return render(request, "jobs/compare.html", {"error": str(error)}, status=400)
     data = comparison(jobs)

@@ -24,3 +24,15 @@ def test_the_compare_page_draws_a_line_per_job(log_in, two_jobs):  # noqa: F811
     expect(loss.locator(".u-legend")).to_contain_text(f"#{b.pk}")
     expect(page.locator('tr.differs[data-field="gpus"]')).to_contain_text("4")
     assert errors == []
+
+
+def test_jobs_ticked_in_the_list_are_compared(log_in, two_jobs):  # noqa: F811
+    alice, a, b = two_jobs
+    page = log_in(alice)
+    page.goto("/")
+    page.locator(f'#job-rows input[name="jobs"][value="{a.pk}"]').check()
+    page.locator(f'#job-rows input[name="jobs"][value="{b.pk}"]').check()
+    page.locator("#compare-form button").click()
+    expect(page.locator('#charts .chart[data-metric="loss"] canvas')).to_have_count(1)
+    assert f"jobs={b.pk}" in page.url and f"jobs={a.pk}" in page.url
+    expect(page.locator("table.compare thead")).to_contain_text(f"#{a.pk}")

@@ -18,11 +18,15 @@
     const newRows = fresh.content.getElementById("job-rows");
     if (!newRows) return;
     const old = new Map([...rows.rows].map((tr) => [key(tr), tr]));
+    // Jobs ticked for comparing stay ticked in the rows that change.
+    const picked = new Set([...rows.querySelectorAll('input[name="jobs"]:checked')].map((box) => box.value));
     const next = [...newRows.rows].map((tr) => {
       const source = tr.outerHTML, id = key(tr);
       if (old.has(id) && seen.get(id) === source) return old.get(id);
       seen.set(id, source);
       RingmasterTime.apply(tr);
+      const box = tr.querySelector('input[name="jobs"]');
+      if (box) box.checked = picked.has(box.value);
       return tr;
     });
     const same = next.length === rows.rows.length && next.every((tr, i) => tr === rows.rows[i]);
