@@ -1,5 +1,5 @@
 """deploy/kueue/: the example ResourceFlavor, ClusterQueue and LocalQueues, checked offline
-against Kueue's CRDs (../shared/schemas/kueue-*-crd.yaml, through the fake API server's
+against Kueue's CRDs (tests/fakekube/crds/kueue-*-crd.yaml, copies of ../shared/schemas, through the fake API server's
 validator) and against what the portal's jobs ask for."""
 from pathlib import Path
 

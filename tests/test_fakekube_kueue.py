@@ -181,3 +181,14 @@ def test_a_labelled_trainjob_is_suspended_queued_as_its_node_pod_set_and_preempt
     fake.wait_for(lambda: cond(fake.trainjob(NS, "tj-low"), "Complete"), 20, "tj-low to complete")
     fake.wait_for(lambda: (cond(workload(co, "tj-low"), "Finished") or {}).get("status") == "True", 10,
                   "tj-low's Workload finished")
+
+
+def test_the_kueue_crds_kept_here_are_the_shared_ones():
+    from tests.fakekube.schema import KUEUE_CRD_DIR, SHARED_CRD_DIR
+
+    if not SHARED_CRD_DIR.exists():
+        pytest.skip("no ../shared/schemas beside this checkout")
+    kept = sorted(path.name for path in KUEUE_CRD_DIR.glob("kueue-*-crd.yaml"))
+    assert kept == sorted(path.name for path in SHARED_CRD_DIR.glob("kueue-*-crd.yaml"))
+    for name in kept:
+        assert (KUEUE_CRD_DIR / name).read_bytes() == (SHARED_CRD_DIR / name).read_bytes(), name

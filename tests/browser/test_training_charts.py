@@ -135,6 +135,7 @@ def test_reset_zoom_restores_the_full_range(log_in, job, alice):
     page = open_job(log_in, alice, job, [(0, metric(step, loss=1.0 + step % 3)) for step in range(0, 101, 5)])
     chart = page.locator('#charts .chart[data-metric="loss"]')
     expect(chart).to_have_attribute("data-points", "21")
+    chart.scroll_into_view_if_needed()                                    # the mouse acts within the window
     over = chart.locator(".u-over").bounding_box()
     y = over["y"] + over["height"] / 2
     page.mouse.move(over["x"] + over["width"] * 0.4, y)                   # drag across: zoom in
@@ -170,6 +171,7 @@ def test_cursors_move_together_across_charts(log_in, job, alice):
                                          for step in range(10)])
     for name in ("accuracy", "loss"):
         expect(page.locator(f'#charts .chart[data-metric="{name}"]')).to_have_attribute("data-points", "10")
+    page.locator('#charts .chart[data-metric="loss"]').scroll_into_view_if_needed()
     over = page.locator('#charts .chart[data-metric="loss"] .u-over').bounding_box()
     page.mouse.move(over["x"] + over["width"] * 0.7, over["y"] + over["height"] / 2)
     wait_for(lambda: uplot(page, "loss", "u.cursor.idx") is not None, timeout=10, message="the cursor on loss")

@@ -17,7 +17,7 @@ reconcilers and its scheduler do for MPIJobs and TrainJobs:
 - the statuses of the queues (pending, reserving, admitted workloads; flavor usage), and the
   visibility API's pending workloads of a LocalQueue with their positions.
 
-Every Kueue object it stores is checked against Kueue's CRD (../shared/schemas/kueue-*-crd.yaml);
+Every Kueue object it stores is checked against Kueue's CRD (tests/fakekube/crds/kueue-*-crd.yaml, copies of ../shared/schemas);
 a problem there is a bug in the fake and is raised (FakeKube.errors)."""
 import copy
 import hashlib

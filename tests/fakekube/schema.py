@@ -10,8 +10,10 @@ import yaml
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "runners" / "schemas" / "mpijob-crd-v2beta1.yaml"
 TRAINJOB_CRD_PATH = CRD_PATH.with_name("trainjob-crd-v1alpha1.yaml")
-# Kueue's CRDs, shared by the projects beside this repository (../shared/schemas).
-KUEUE_CRD_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
+# Kueue's CRDs: copies of those shared by the projects beside this repository (../shared/schemas),
+# kept here so that a clone alone runs the tests (tests/test_fakekube_kueue.py checks the copies).
+KUEUE_CRD_DIR = Path(__file__).resolve().parent / "crds"
+SHARED_CRD_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
 KUEUE_VERSION = "v1beta1"
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

@@ -520,7 +520,8 @@ def test_a_job_over_its_time_limit_is_stopped(api):
     api.a_worker()
     job_id = submit(api, gpus=2, script=upload(api), args=["--lines", "600", "--interval", "0.2"],
                     time_limit_minutes=1)
-    wait_for(lambda: Job.objects.get(pk=job_id).next_seq >= 2, timeout=120, message="the job to run")
+    wait_for(lambda: set(LogLine.objects.filter(job_id=job_id).values_list("rank", flat=True)) >= {0, 1},
+             timeout=120, message="both ranks to print")
     assert job_processes(job_id)
     # As if it had started two minutes ago: the follower's next check finds the limit passed.
     Job.objects.filter(pk=job_id).update(started_at=timezone.now() - timedelta(minutes=2))
