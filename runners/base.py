@@ -169,8 +169,11 @@ class Running:
 
 @dataclass(frozen=True)
 class Status:
-    """Something the user should know while the job waits or runs (e.g. why it is not scheduled)."""
+    """Something the user should know while the job waits or runs (e.g. why it is not scheduled).
+    `place`, where the job stands in the cluster's queue, is shown after the reason; a change of
+    place alone records no job event."""
     reason: str
+    place: str = ""
 
 
 @dataclass(frozen=True)

@@ -419,11 +419,13 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
             # it runs again once re-admitted.
             after = replace(after, running_told=False, told="", notes=(), last_code=None)
             tell.append(Requeued((kueue_eviction(seen.queue) or "suspended by Kueue")[:500]))
+        held = None if after.running_told or trouble.waiting else _queued(seen)
         reason = after.notes_text() if after.running_told else (
-            trouble.waiting or _queued(seen) or reading.waiting(seen.mpijob))
-        if reason != after.told and (reason or after.told):
-            after = replace(after, told=reason)
-            tell.append(Status(reason[:500]))
+            trouble.waiting or (held.words if held else "") or reading.waiting(seen.mpijob))
+        place = held.place if held and held.words else ""
+        if reason + place != after.told and (reason + place or after.told):
+            after = replace(after, told=reason + place)
+            tell.append(Status(reason[:500 - len(place)], place))
         if lost:
             return Decision(after, tuple(tell), replace=tuple(lost))
     if not after.running_told and reading.running(seen.mpijob, seen.pods):
@@ -439,9 +441,9 @@ def observe(before, seen, pull_grace_seconds, drain_seconds):
 
 
 def _queued(seen):
-    """Why Kueue holds a suspended job, or ""."""
+    """Why Kueue holds a suspended job and its place (a kueuestatus.Held), or None."""
     if seen.queue is None or not suspended(seen.mpijob):
-        return ""
+        return None
     return kueue_waiting(seen.queue)
 
 

@@ -1,12 +1,14 @@
 """What Kueue's view of a job (runners.kueue.QueueView) means in plain words: pure functions
 over the API's JSON.
 
-- waiting(): why Kueue holds the job: which ClusterQueue, which resource, how much the job
-  asks and how much is free, and its place in the queue where the cluster tells it;
+- waiting(): why Kueue holds the job (which ClusterQueue, which resource, how much the job
+  asks and how much is free), and apart from it its place in the queue where the cluster tells
+  it: the place changes often, the reason seldom, and only a new reason is worth a job event;
 - eviction(): why Kueue took a running job's quota back (preempted or evicted), with Kueue's
   reason, or "" where it did not.
 """
 import re
+from dataclasses import dataclass
 
 GPU = "nvidia.com/gpu"
 # Kueue's flavor assigner: "couldn't assign flavors to pod set worker: insufficient unused quota
@@ -39,6 +41,17 @@ def asked(workload, resource=GPU):
     return total
 
 
+@dataclass(frozen=True)
+class Held:
+    """Why Kueue holds a job (`words`; "" where it does not), and where it stands in its queue
+    (`place`, "; position 2 in ClusterQueue q" or ""); str() is the two together."""
+    words: str
+    place: str = ""
+
+    def __str__(self):
+        return self.words + self.place
+
+
 def _place(view):
     if view.position is not None:
         return f"; position {view.position} in ClusterQueue {view.cluster_queue or '?'}"
@@ -48,15 +61,15 @@ def _place(view):
 
 
 def waiting(view):
-    """Why Kueue holds the job now, in words ("" where it does not hold it)."""
+    """Why Kueue holds the job now, and its place in the queue (a Held)."""
     workload = view.workload
     where = f"ClusterQueue {view.cluster_queue}" if view.cluster_queue else f"LocalQueue {view.queue}"
     if workload is None:
-        return f"waiting for Kueue to queue the job in LocalQueue {view.queue}"
+        return Held(f"waiting for Kueue to queue the job in LocalQueue {view.queue}")
     if is_true(workload, "Admitted"):
-        return ""
+        return Held("")
     if is_true(workload, "QuotaReserved"):
-        return f"quota reserved in {where}: waiting for Kueue's admission checks"
+        return Held(f"quota reserved in {where}: waiting for Kueue's admission checks")
     before = ""
     evicted = condition(workload, "Evicted")
     if evicted and evicted.get("status") == "True":
@@ -69,13 +82,13 @@ def waiting(view):
         need = asked(workload, resource)
         if short["more"] is not None:
             free = max(need - int(short["more"]), 0)
-            return (f"{before}waiting in Kueue: {where} has {free} {resource} free in flavor {flavor}, "
-                    f"the job asks for {need}{_place(view)}")
-        return (f"{before}waiting in Kueue: the job asks for {need} {resource}, more than {where} has in "
-                f"flavor {flavor}{_place(view)}")
+            return Held(f"{before}waiting in Kueue: {where} has {free} {resource} free in flavor {flavor}, "
+                        f"the job asks for {need}", _place(view))
+        return Held(f"{before}waiting in Kueue: the job asks for {need} {resource}, more than {where} has in "
+                    f"flavor {flavor}", _place(view))
     if message:
-        return f"{before}waiting in Kueue ({where}): {message}{_place(view)}"
-    return f"{before}waiting in Kueue for admission to {where}{_place(view)}"
+        return Held(f"{before}waiting in Kueue ({where}): {message}", _place(view))
+    return Held(f"{before}waiting in Kueue for admission to {where}", _place(view))
 
 
 def eviction_words(workload):

@@ -10,7 +10,7 @@ from django.core.management import CommandError
 from django.utils import timezone
 
 from jobs.backends.clusters import queue_for, render
-from jobs.domain import accounting, states
+from jobs.domain import accounting, failure, states
 from jobs.models import Cluster, Job, JobEvent, QueueMapping, State
 from tests.test_clusters import alice_api, cluster, k8s_image, run, submit  # noqa: F401 (fixtures)
 
@@ -114,3 +114,40 @@ def test_a_job_kueue_sent_back_to_waiting_counts_gpu_seconds_only_while_it_ran(a
     usage = accounting.daily_usage(timezone.localdate(start) - timedelta(days=1), timezone.localdate())
     assert sum(usage.values()) == pytest.approx(8 * 2 * 3600)
     assert done.state == State.SUCCEEDED
+
+
+def test_a_job_kueue_sent_back_to_waiting_counts_only_its_running_time_against_its_time_limit(
+        alice, cluster, k8s_image):
+    job = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
+                             backend="kubernetes", time_limit_minutes=120)
+    states.transition(job.pk, State.LAUNCHING)
+    states.transition(job.pk, State.RUNNING)
+    states.transition(job.pk, State.LAUNCHING, expect={State.RUNNING}, reason="preempted by Kueue (x): y")
+    states.transition(job.pk, State.RUNNING)
+    now = timezone.now()
+    moments = [now - timedelta(hours=3), now - timedelta(minutes=150), now - timedelta(hours=1)]
+    for event, moment in zip(JobEvent.objects.filter(job=job, gpus__isnull=False).order_by("id"), moments):
+        JobEvent.objects.filter(pk=event.pk).update(ts=moment)
+    Job.objects.filter(pk=job.pk).update(started_at=moments[0])
+    job.refresh_from_db()
+    # 3 hours since it first started, but it ran 30 min, waited 90 min in Kueue, then ran 60 min.
+    assert accounting.running_seconds(job, now) == pytest.approx(90 * 60, abs=1)
+    assert not failure.over_time_limit(job, now)
+    assert failure.over_time_limit(job, now + timedelta(minutes=31))
+    fixed = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
+                               backend="kubernetes", time_limit_minutes=120, started_at=now - timedelta(minutes=121),
+                               state=State.RUNNING)
+    assert failure.over_time_limit(fixed, now)                   # never requeued: its wall time counts
+
+
+def test_a_new_wait_reason_is_an_event_and_a_new_place_in_the_queue_alone_is_not(alice, cluster, k8s_image):
+    job = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
+                             backend="kubernetes", time_limit_minutes=60)
+    states.transition(job.pk, State.LAUNCHING)
+    held = "waiting in Kueue: ClusterQueue q has 0 nvidia.com/gpu free in flavor f, the job asks for 8"
+    states.set_reason(job.pk, held, "; position 3 in ClusterQueue q")
+    shown = states.set_reason(job.pk, held, "; position 2 in ClusterQueue q")
+    assert shown.reason == held + "; position 2 in ClusterQueue q"          # the page shows the place now
+    states.set_reason(job.pk, "quota reserved in ClusterQueue q: waiting for Kueue's admission checks")
+    messages = list(JobEvent.objects.filter(job=job, state="").values_list("message", flat=True))
+    assert messages == [held, "quota reserved in ClusterQueue q: waiting for Kueue's admission checks"]

@@ -70,6 +70,17 @@ def job_gpu_seconds(job, now=None):
     return sum((b - a).total_seconds() * size for a, b, size in segments(job.started_at, end, job.gpus, changes))
 
 
+def running_seconds(job, now=None):
+    """Seconds the job has run: from its first start to its end (or now), less the time the
+    cluster's queue held it after a preemption or eviction (its size-0 stretches). What its time
+    limit counts."""
+    if job.started_at is None:
+        return 0.0
+    end = job.finished_at or now or timezone.now()
+    changes = size_changes([job.pk]).get(job.pk, [])
+    return sum((b - a).total_seconds() for a, b, size in segments(job.started_at, end, job.gpus, changes) if size)
+
+
 def day_start(day):
     return timezone.make_aware(datetime.combine(day, time.min))
 

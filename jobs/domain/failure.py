@@ -4,6 +4,9 @@ been shut down") and horovodrun may name process 0; the reason names rank 1 and 
 and says what the others then did: `rank 1: RuntimeError: boom (rank 0 then stopped:
 HorovodInternalError)`. A rank killed by a signal (the OOM killer's SIGKILL) says so. Shared by
 every backend: it reads the stored, per-rank log."""
+from datetime import timedelta
+
+from jobs.domain import accounting
 from jobs.domain.logstore import last_lines
 from jobs.models import LogLine
 from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit
@@ -70,6 +73,16 @@ def describe(job, exited):
 
 SILENT_SECONDS = 10          # a rank quiet this long (and twice as long as the rest) is named
 RANKS_LOOKED_AT = 64
+
+
+def over_time_limit(job, now):
+    """Whether the job has run longer than its time limit. Time that the cluster's queue held it
+    after a preemption does not count; wall time since its first start is an upper bound, so the
+    events are read only once that has passed."""
+    limit = timedelta(minutes=job.time_limit_minutes)
+    if job.started_at is None or now - job.started_at <= limit:
+        return False
+    return accounting.running_seconds(job, now) > limit.total_seconds()
 
 
 def time_limit_reason(job, now=None):

@@ -320,7 +320,7 @@ class _Following:
                 _now_running(self.job_id, event.detail)
                 self.running = True
             elif isinstance(event, Status):
-                states.set_reason(self.job_id, event.reason)
+                states.set_reason(self.job_id, event.reason, event.place)
             elif isinstance(event, Requeued):
                 states.transition(self.job_id, State.LAUNCHING, expect={State.RUNNING}, reason=event.reason)
                 self.running = False
@@ -425,7 +425,9 @@ def _look_at_reading(job_id, spec, reading, now, settled, next_host_check):
     elif reading.started_at and (timezone.now() - reading.started_at
                                  > timedelta(minutes=reading.time_limit_minutes)):
         with dbpool.borrowed():
-            stop_reason = failure.time_limit_reason(Job.objects.get(pk=job_id))
+            job = Job.objects.get(pk=job_id)
+            if failure.over_time_limit(job, timezone.now()):
+                stop_reason = failure.time_limit_reason(job)
     return stop_reason, settled, next_host_check
 
 

@@ -103,15 +103,20 @@ def resize(job_id, size, message):
     return job
 
 
-def set_reason(job_id, reason):
-    """Change the reason of a job that stays in its state (e.g. why it is still queued)."""
+def set_reason(job_id, reason, place=""):
+    """Change the reason of a job that stays in its state (e.g. why it is still queued), shown
+    with its `place` in the cluster's queue. An event records each new reason; a new place
+    alone (the queue moving up) records none."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.reason == reason:
+        shown = (reason + place)[:500]
+        if job.reason == shown:
             return job
-        job.reason = reason
+        job.reason = shown
         job.save(update_fields=["reason"])
-        JobEvent.objects.create(job=job, message=reason)
+        last = JobEvent.objects.filter(job=job).order_by("-id").values_list("message", flat=True).first()
+        if not place or last != reason:
+            JobEvent.objects.create(job=job, message=reason)
         transaction.on_commit(lambda: _announce(job))
     return job
 

@@ -25,34 +25,34 @@ def view(wl, position=None, pending=None, cluster_queue="cluster-queue"):
 
 def test_a_held_job_says_which_clusterqueue_resource_asked_free_and_position():
     held = workload(("QuotaReserved", "False", "Pending", SHORT), workers=2)
-    assert waiting(view(held, position=3)) == (
+    assert str(waiting(view(held, position=3))) == (
         "waiting in Kueue: ClusterQueue cluster-queue has 8 nvidia.com/gpu free in flavor default-flavor, "
         "the job asks for 16; position 3 in ClusterQueue cluster-queue")
-    assert waiting(view(held, pending=4)).endswith("; 4 workloads pending in LocalQueue team-queue")
-    assert waiting(view(held)).endswith("the job asks for 16")
+    assert str(waiting(view(held, pending=4))).endswith("; 4 workloads pending in LocalQueue team-queue")
+    assert str(waiting(view(held))).endswith("the job asks for 16")
 
 
 def test_a_job_larger_than_the_whole_quota_and_other_holds_keep_kueues_words():
     too_big = workload(("QuotaReserved", "False", "Pending", "couldn't assign flavors to pod set worker: "
                         "insufficient quota for nvidia.com/gpu in flavor default-flavor, request > maximum "
                         "capacity (64 > 16)"), gpus=8, workers=8)
-    assert waiting(view(too_big)) == ("waiting in Kueue: the job asks for 64 nvidia.com/gpu, more than ClusterQueue "
-                                      "cluster-queue has in flavor default-flavor")
+    assert str(waiting(view(too_big))) == ("waiting in Kueue: the job asks for 64 nvidia.com/gpu, more than "
+                                           "ClusterQueue cluster-queue has in flavor default-flavor")
     missing = workload(("QuotaReserved", "False", "Inadmissible", "LocalQueue team-queue doesn't exist"))
-    assert waiting(view(missing, cluster_queue="")) == \
+    assert str(waiting(view(missing, cluster_queue=""))) == \
         "waiting in Kueue (LocalQueue team-queue): LocalQueue team-queue doesn't exist"
-    assert waiting(view(None)) == "waiting for Kueue to queue the job in LocalQueue team-queue"
-    assert waiting(view(workload(("QuotaReserved", "True", "QuotaReserved", "")))) == \
+    assert str(waiting(view(None))) == "waiting for Kueue to queue the job in LocalQueue team-queue"
+    assert str(waiting(view(workload(("QuotaReserved", "True", "QuotaReserved", ""))))) == \
         "quota reserved in ClusterQueue cluster-queue: waiting for Kueue's admission checks"
-    assert waiting(view(workload(("QuotaReserved", "True", "", ""), ("Admitted", "True", "Admitted", "")))) == ""
+    assert str(waiting(view(workload(("QuotaReserved", "True", "", ""), ("Admitted", "True", "Admitted", ""))))) == ""
 
 
 def test_a_preemption_is_named_with_kueues_reason_and_stays_in_the_wait_until_readmitted():
     preempted = workload(("Evicted", "True", "Preempted", PREEMPTED),
                          ("Preempted", "True", "InClusterQueue", PREEMPTED), ("QuotaReserved", "False", "Pending", SHORT))
     assert eviction(view(preempted)) == f"preempted by Kueue (InClusterQueue): {PREEMPTED}"
-    assert waiting(view(preempted, position=1)).startswith(f"preempted by Kueue (InClusterQueue): {PREEMPTED}; "
-                                                           "waiting in Kueue: ClusterQueue cluster-queue has 0")
+    assert str(waiting(view(preempted, position=1))).startswith(
+        f"preempted by Kueue (InClusterQueue): {PREEMPTED}; waiting in Kueue: ClusterQueue cluster-queue has 0")
     evicted = workload(("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout"))
     assert eviction(view(evicted)) == "evicted by Kueue (PodsReadyTimeout): Exceeded the PodsReady timeout"
     readmitted = workload(("Evicted", "False", "QuotaReserved", f"Previously: {PREEMPTED}"),
@@ -74,8 +74,12 @@ def look(before, job, queue, now):
 def test_the_follow_tells_kueues_wait_then_running_then_requeued_then_running_again():
     held = view(workload(("QuotaReserved", "False", "Pending", SHORT)), position=1)
     first = look(kubestatus.Observation(), mpijob(True, False), held, 0)
-    assert first.tell == (Status(waiting(held)),)
-    running = look(first.observation, mpijob(False, True), held, 1)
+    assert first.tell == (Status(waiting(held).words, "; position 1 in ClusterQueue cluster-queue"),)
+    moved = look(first.observation, mpijob(True, False), view(held.workload, position=2), 0.5)
+    assert moved.tell == (Status(waiting(held).words, "; position 2 in ClusterQueue cluster-queue"),)
+    same = look(moved.observation, mpijob(True, False), view(held.workload, position=2), 0.7)
+    assert same.tell == ()
+    running = look(same.observation, mpijob(False, True), held, 1)
     assert [type(e) for e in running.tell] == [Status, Running] and running.tell[0] == Status("")
     preempted = view(workload(("Evicted", "True", "Preempted", PREEMPTED), ("Preempted", "True", "InClusterQueue",
                                                                            PREEMPTED),
@@ -83,7 +87,7 @@ def test_the_follow_tells_kueues_wait_then_running_then_requeued_then_running_ag
     # The operator has not yet said the job stopped running: a suspended job is not running.
     stopped = look(running.observation, mpijob(True, True), preempted, 2)
     assert stopped.tell[0] == Requeued(f"preempted by Kueue (InClusterQueue): {PREEMPTED}")
-    assert stopped.tell[1] == Status(waiting(preempted)) and len(stopped.tell) == 2
+    assert stopped.tell[1] == Status(waiting(preempted).words, waiting(preempted).place) and len(stopped.tell) == 2
     again = look(stopped.observation, mpijob(False, True), preempted, 3)
     assert [type(e) for e in again.tell] == [Status, Running] and not again.done
 
