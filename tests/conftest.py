@@ -294,6 +294,24 @@ class Worker(Service):
         return self.ready()
 
 
+# The session's worker and web server, by the fixture that hands them to tests: their logs tell why
+# a test that used them failed.
+SERVICES_OF_THE_SESSION = {}
+SERVICE_LOG_LINES = 80
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the session's worker or web server shows the end of their logs:
+    a job that never started or a task that failed says why there, not in the assertion."""
+    report = (yield).get_result()
+    if report.failed and report.when == "call":
+        for fixture, service in SERVICES_OF_THE_SESSION.items():
+            if fixture in item.fixturenames:
+                tail = "\n".join(service.output().splitlines()[-SERVICE_LOG_LINES:])
+                report.sections.append((f"the session's {service.name} (its log's last lines)", tail))
+
+
 @pytest.fixture(scope="session")
 def _session_worker(service_env, tmp_path_factory):
     from portal.celery import app
@@ -301,7 +319,9 @@ def _session_worker(service_env, tmp_path_factory):
     app.control.purge()
     worker = Worker("worker", service_env, tmp_path_factory.mktemp("logs") / "worker.log").start()
     worker.ready()
+    SERVICES_OF_THE_SESSION["celery_worker"] = worker
     yield worker
+    del SERVICES_OF_THE_SESSION["celery_worker"]
     worker.stop()
 
 
@@ -352,7 +372,9 @@ class WebServer(Service):
 def live_portal(service_env, tmp_path_factory):
     """The portal served by uvicorn for the whole session; yields its base URL."""
     server = WebServer(service_env, tmp_path_factory.mktemp("logs") / "web.log").start()
+    SERVICES_OF_THE_SESSION["live_portal"] = server
     yield server.url
+    del SERVICES_OF_THE_SESSION["live_portal"]
     server.stop()
 
 

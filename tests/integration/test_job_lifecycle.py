@@ -89,8 +89,13 @@ def test_failing_rank_ends_failed_with_exit_code_and_rank(http):
 
 def test_cancel_of_a_running_job_stops_every_process(http):
     job_id = submit(http, gpus=2, script=upload(http), args=["--lines", "10000", "--interval", "0.05"])
-    wait_for(lambda: LogLine.objects.filter(job_id=job_id, text__startswith="rank=1 line=").exists(),
-             timeout=120, message="rank 1 to print")
+    try:
+        wait_for(lambda: LogLine.objects.filter(job_id=job_id, text__startswith="rank=1 line=").exists(),
+                 timeout=120, message="rank 1 to print")
+    except AssertionError as error:
+        job = Job.objects.get(pk=job_id)
+        raise AssertionError(f"{error}; the job is {job.state} ({job.reason!r}), its events: "
+                             f"{list(job.events.values_list('state', 'message'))}") from None
     assert len(job_processes(job_id)) >= 3                                    # launcher + 2 ranks
 
     response = http.post(f"{http.base}/api/jobs/{job_id}/cancel/")
