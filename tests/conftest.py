@@ -22,8 +22,9 @@ ELASTIC_SETTLE_SECONDS = 10
 
 # The modules of the suite's longest tests (a minute or more each on a busy 2-core machine;
 # `make test` lists the slowest), longest first.
-LONGEST_FIRST = ("integration/test_elastic_jobs.py", "integration/test_gpu_binding.py", "test_api_fuzz.py",
-                 "integration/test_followers.py", "integration/test_instances.py")
+LONGEST_FIRST = ("integration/test_torchrun_elastic.py", "integration/test_elastic_jobs.py",
+                 "integration/test_torchrun.py", "integration/test_followers.py", "test_api_fuzz.py",
+                 "integration/test_gpu_binding.py", "integration/test_instances.py")
 
 
 def pytest_collection_modifyitems(config, items):
