@@ -291,3 +291,36 @@ def test_on_a_cluster_with_a_gpu_limit_a_job_grows_and_shrinks_by_whole_workers(
     more = submitted(bob, script, 1, **k8s)
     assert scheduler.admit() == [more.pk]
     assert reload(job).size == 2 and size_events(job)[-1] == (2, f"shrank to 2 GPUs for job {more.pk}")
+
+
+def test_the_portal_resizes_no_job_that_kueue_admitted_and_no_job_of_another_cluster(alice, bob, script):
+    """Kueue would stop and requeue an MPIJob whose workers change: a job labelled for a Kueue
+    queue keeps its size on a cluster with room. A queued job shrinks only jobs of its own
+    cluster: GPUs given back elsewhere would not make it fit."""
+    from jobs.backends import get
+    from jobs.models import Cluster, Image, QueueMapping
+
+    kueue = Cluster.objects.create(name="kueue", namespace="team-a", gpus_per_node=2, gpu_limit=8,
+                                   kueue_found=True)
+    other = Cluster.objects.create(name="other", namespace="team-a", gpus_per_node=2, gpu_limit=4)
+    Image.objects.create(name="horovod-k8s", container_image="registry.example/horovod:0.28.1", python="python")
+    QueueMapping.objects.create(cluster=kueue, user=alice, queue="alice-queue")
+    on = {"image": "horovod-k8s", "backend": "kubernetes"}
+    under_kueue = submitted(alice, script, 2, max_gpus=6, cluster=kueue.name, **on)
+    assert scheduler.admit() == [under_kueue.pk]
+    assert reload(under_kueue).size == 2 and size_events(under_kueue) == []     # 6 GPUs free: left alone
+    running(under_kueue)
+    bobs = submitted(bob, script, 2, max_gpus=6, cluster=kueue.name, **on)          # bob has no Kueue queue there
+    assert scheduler.admit() == [bobs.pk] and reload(bobs).size == 6
+    running(bobs)
+    grown = submitted(bob, script, 2, max_gpus=4, cluster=other.name, **on)         # the newest: shrunk first
+    assert scheduler.admit() == [grown.pk] and reload(grown).size == 4
+    running(grown)
+    waiting = submitted(bob, script, 2, cluster=kueue.name, **on)                  # 2 + 6 of 8 in use
+    assert scheduler.admit() == [waiting.pk]
+    assert reload(bobs).size == 4 and size_events(bobs)[-1] == (4, f"shrank to 4 GPUs for job {waiting.pk}")
+    assert [size for size, _ in size_events(grown)] == [4, 4]                   # the other cluster's job kept its GPUs
+    assert reload(under_kueue).size == 2
+    help_text = str(get("kubernetes").page_fields()["cluster"].help_text)
+    assert "kueue: for the users and groups given a Kueue queue, Kueue decides on this cluster" in help_text
+    assert "other: an elastic job grows and shrinks a worker at a time, within 4 GPUs." in help_text

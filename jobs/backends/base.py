@@ -120,6 +120,16 @@ class Admission:
         """The GPUs an elastic job grows or shrinks by at a time (a Kubernetes worker's GPUs)."""
         return 1
 
+    def shares_capacity(self, job, other):
+        """Whether GPUs that the running `other` gives back could go to `job` (the backend's
+        pool; a Kubernetes job's own cluster)."""
+        return True
+
+    def resizes(self, job):
+        """Whether the portal may grow or shrink the running elastic `job`: False where something
+        else decides its size (Kueue), and the job runs at the size it started at."""
+        return True
+
     def where(self, job):
         """Where the GPUs a job grows into are, in an event ("on this machine")."""
         return f"on {self.backend.label}"

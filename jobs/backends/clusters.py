@@ -81,14 +81,40 @@ def queue_for(cluster, user=None, group=None):
     """The Kueue LocalQueue of a job of `user` charged to `group` on `cluster` (its
     kueue.x-k8s.io/queue-name label; "" for none): the user's own mapping, else the group's,
     else the cluster's default."""
+    return queue_of(cluster, getattr(user, "pk", None), getattr(group, "pk", None))
+
+
+def queue_of(cluster, user_id, group_id):
+    """queue_for, by the user's and the group's ids."""
     if cluster.pk:
         mappings = QueueMapping.objects.filter(cluster=cluster.pk)
-        for field, who in (("user", user), ("group", group)):
-            if getattr(who, "pk", None):
-                queue = mappings.filter(**{field: who.pk}).values_list("queue", flat=True).first()
+        for field, who in (("user", user_id), ("group", group_id)):
+            if who:
+                queue = mappings.filter(**{field: who}).values_list("queue", flat=True).first()
                 if queue:
                     return queue
     return cluster.kueue_queue
+
+
+# Kueue resizes a running job only through workload slices, which cover batch/v1 Jobs, Ray and
+# Spark, not MPIJobs (Kueue v0.18): an MPIJob whose workers change is no longer the Workload Kueue
+# admitted, and Kueue stops it and queues it again. So the portal never resizes a job that Kueue
+# admitted; an elastic job runs there at the size it started at, its minimum.
+FIXED_UNDER_KUEUE = ("Kueue decides on this cluster: an elastic job runs at its minimum size there (Kueue resizes "
+                     "no MPIJob: its workload slices cover batch Jobs, Ray and Spark)")
+
+
+def elastic_words(cluster):
+    """What an elastic job does on `cluster`, for the job form."""
+    if cluster.kueue_queue or QueueMapping.objects.filter(cluster=cluster.pk).exists():
+        words = FIXED_UNDER_KUEUE
+        if not cluster.kueue_queue:
+            words = f"for the users and groups given a Kueue queue, {words}"
+        return f"{cluster.name}: {words}."
+    if cluster.gpu_limit is None:
+        return (f"{cluster.name}: no GPU limit here, so the cluster queues jobs itself and an elastic job runs at "
+                "its minimum size.")
+    return f"{cluster.name}: an elastic job grows and shrinks a worker at a time, within {cluster.gpu_limit} GPUs."
 
 
 def cluster_spec(cluster, group=None, user=None):

@@ -16,12 +16,14 @@ from runners import mpijob, trainjob
 class ClusterAdmission(Admission):
     """GPUs of launching and running jobs per cluster (an elastic job's size now), against each
     cluster's `gpu_limit` (read once per pass). A cluster without a limit queues the jobs itself,
-    and the portal grows no elastic job there: it cannot see which GPUs are free."""
+    and the portal grows no elastic job there: it cannot see which GPUs are free. Nor does it
+    resize a job that goes through Kueue (clusters.FIXED_UNDER_KUEUE)."""
 
     def __init__(self, backend, book):
         super().__init__(backend, book)
-        self.limits = {pk: (name, limit) for pk, name, limit in
-                       Cluster.objects.filter(gpu_limit__isnull=False).values_list("pk", "name", "gpu_limit")}
+        limited = Cluster.objects.filter(gpu_limit__isnull=False)
+        self.limits = {cluster.pk: (cluster.name, cluster.gpu_limit) for cluster in limited}
+        self.clusters = {cluster.pk: cluster for cluster in limited}
         self.in_use = dict(Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES,
                                               cluster__in=list(self.limits)).order_by()
                            .values_list("cluster").annotate(n=Sum(in_use_expression()))
@@ -51,6 +53,13 @@ class ClusterAdmission(Admission):
         if job.cluster_id not in self.limits:
             return 0
         return max(self.limits[job.cluster_id][1] - self.in_use.get(job.cluster_id, 0), 0)
+
+    def shares_capacity(self, job, other):
+        return job.cluster_id == other.cluster_id
+
+    def resizes(self, job):
+        cluster = self.clusters.get(job.cluster_id)
+        return cluster is not None and not clusters.queue_of(cluster, job.owner_id, job.group_id)
 
     def step(self, job):
         if job.cluster_id not in self.per_node:
@@ -117,8 +126,9 @@ class KubernetesBackend(Backend):
     def page_fields(self):
         if not self.offered():
             return {}
+        elastic = " ".join(clusters.elastic_words(cluster) for cluster in _enabled_clusters().order_by("name"))
         return {"cluster": forms.ModelChoiceField(queryset=_enabled_clusters(), required=False, empty_label="—",
-                                                  help_text="For the Kubernetes backend.")}
+                                                  help_text=f"For the Kubernetes backend. Elastic jobs: {elastic}")}
 
     def clean(self, form, data):
         """The cluster a kubernetes job goes to (by name or id; none: the only one), and what

@@ -9,7 +9,7 @@ under its lock, in the same pass that admits queued jobs.
   ranks each waiting on the others for ever (Horovod issue #3494, which the rank launcher
   runners/job_python/ringmaster_rank.py also works around).
 - **Shrink**: a queued job that does not fit its backend's free capacity takes GPUs from running
-  elastic jobs of the same backend whose priority is not higher than its own (lowest priority
+  elastic jobs whose GPUs it could use (Admission.shares_capacity) whose priority is not higher than its own (lowest priority
   first, then the newest), never below their minimum, if that frees enough for it.
 - **Grow**: after the queue pass, a running elastic job takes the free GPUs of its backend, up to
   its maximum, unless a queued job waits for one of the job's quota scopes; its quotas (GPUs at
@@ -22,6 +22,8 @@ under its lock, in the same pass that admits queued jobs.
   GPUs work meanwhile instead of waiting idle for the rest. The event says so ("... until job
   812 can start"). A job of higher priority does not borrow: the queued job could not take
   the GPUs back.
+
+A backend may keep a job at its size (Admission.resizes: Kueue's jobs on Kubernetes).
 
 What changes is Job.size, with an event that says why (jobs.domain.states.resize), and the
 backend's record of what the job holds (Admission.resize). The job's follower sees the new size
@@ -69,7 +71,8 @@ def make_room(admission, book, job):
         return False
     missing = job.gpus - room
     candidates = sorted((other for other in _running(backend=job.backend, priority__lte=job.priority)
-                         if other.gpus_in_use > other.gpus),
+                         if other.gpus_in_use > other.gpus and admission.shares_capacity(job, other)
+                         and admission.resizes(other)),
                         key=lambda other: (other.priority, -other.pk))
     if missing <= 0 or sum(other.gpus_in_use - other.gpus for other in candidates) < missing:
         return False
@@ -93,6 +96,8 @@ def grow(admission_of, book, reserved, fresh=()):
     jobs = sorted((job for job in candidates if job.gpus_in_use < job.max_gpus), key=lambda job: (-job.priority, job.pk))
     for job in jobs:
         admission = admission_of(job.backend)
+        if not admission.resizes(job):
+            continue
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
         waiting = reserved.get(admission.capacity_key(job))
         if waiting is not None and waiting.priority < job.priority:
