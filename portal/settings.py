@@ -259,12 +259,24 @@ RINGMASTER_DEFAULT_BACKEND = os.environ.get("RINGMASTER_DEFAULT_BACKEND", "local
 # Unset: one made at random with the database and kept there (jobs.models.Installation).
 RINGMASTER_INSTALLATION_ID = os.environ.get("RINGMASTER_INSTALLATION_ID", "")
 # The enabled backends, by dotted path (jobs.backends.base.Backend subclasses): a job's `backend`
-# is one of their names. Space- or comma-separated in the environment.
-RINGMASTER_BACKENDS = os.environ.get(
-    "RINGMASTER_BACKENDS",
-    "jobs.backends.local.LocalBackend jobs.backends.instances.InstancesBackend "
-    "jobs.backends.kubernetes.KubernetesBackend",
-).replace(",", " ").split()
+# is one of their names. Space- or comma-separated in the environment; a value that starts with
+# "+" adds its paths to the default three.
+DEFAULT_BACKENDS = ["jobs.backends.local.LocalBackend", "jobs.backends.instances.InstancesBackend",
+                    "jobs.backends.kubernetes.KubernetesBackend"]
+
+
+def enabled_backends(value):
+    """The backends' dotted paths that RINGMASTER_BACKENDS's `value` names ("" or None: the default)."""
+    paths = (value or "").replace(",", " ").split()
+    if not paths:
+        return list(DEFAULT_BACKENDS)
+    if paths[0].startswith("+"):
+        added = [paths[0][1:], *paths[1:]]
+        return DEFAULT_BACKENDS + [path for path in added if path and path not in DEFAULT_BACKENDS]
+    return paths
+
+
+RINGMASTER_BACKENDS = enabled_backends(os.environ.get("RINGMASTER_BACKENDS"))
 
 
 def backend_apps(paths):

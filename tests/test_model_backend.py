@@ -8,7 +8,7 @@ from django.apps import apps
 from jobs import backends
 from jobs.models import Job, LogLine, State
 from jobs.tasks import check_backend
-from portal.settings import backend_apps
+from portal.settings import DEFAULT_BACKENDS, backend_apps, enabled_backends
 from tests.modelbackend.enable import PATH
 from tests.modelbackend.models import Machine
 
@@ -31,6 +31,15 @@ def test_a_backends_package_with_an_apps_module_is_installed_as_a_django_app(set
     assert backend_apps([PATH, "jobs.backends.local.LocalBackend", "tests.fakebackend.FakeBackend"]) == \
         ["tests.modelbackend"]
     assert backend_apps(["jobs.backends.instances.InstancesBackend"]) == []
+
+
+def test_one_setting_line_enables_the_backend_beside_the_default_three(settings):
+    """What the test configuration sets (tests/modelbackend/enable.py), as an admin would."""
+    assert settings.RINGMASTER_BACKENDS[:3] == DEFAULT_BACKENDS
+    assert enabled_backends(f"+{PATH}") == [*DEFAULT_BACKENDS, PATH]
+    assert enabled_backends(f"+{PATH},{DEFAULT_BACKENDS[0]}") == [*DEFAULT_BACKENDS, PATH]
+    assert enabled_backends("") == enabled_backends(None) == DEFAULT_BACKENDS
+    assert enabled_backends(f"{DEFAULT_BACKENDS[0]}, {PATH}") == [DEFAULT_BACKENDS[0], PATH]
 
 
 def test_its_admin_page_lists_and_creates_machines(staff):
