@@ -14,6 +14,7 @@ import argparse
 import configparser
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -307,11 +308,12 @@ def cmd_submit(client, args):
         with open(path, "rb") as handle:
             script = client.request("POST", "/api/scripts/", expect=(201,), files={"file": (path.name, handle)})
         body["script"] = script["id"]
-    for key, value in (("name", args.name), ("launcher", args.launcher), ("backend", args.backend), ("cluster", args.cluster),
+    for key, value in (("name", args.name), ("launcher", args.launcher), ("backend", args.backend),
                        ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit),
                        ("max_gpus", args.max_gpus)):
         if value is not None:
             body[key] = value
+    body.update(_checked_backend_options(client, args.backend, args.backend_options))
     if args.env:
         body["env"] = dict(args.env)
     if args.tag:
@@ -324,6 +326,34 @@ def cmd_submit(client, args):
     else:
         print(f"job {job['id']} submitted ({job['state']}): {job.get('url', '')}", flush=True)
     return LogFollower(client, job["id"]).run() if args.follow else 0
+
+
+def _checked_backend_options(client, backend, options):
+    """The backend options given to submit (`--cluster gpu-a`: {"cluster": "gpu-a"}), once the
+    portal says a backend has them (the one asked for, or any): a mistyped one is an error here,
+    not a field the portal would be sent and the job run without."""
+    if not options:
+        return {}
+    offered = client.request("GET", "/api/backends/")
+    known = {name for entry in offered if backend in (None, entry["name"]) for name in entry["fields"]}
+    for name in options:
+        if name not in known:
+            where = f"the {backend} backend has no such option" if backend else "no backend has such an option"
+            have = ", ".join(f"--{field.replace('_', '-')}" for field in sorted(known)) or "none"
+            raise CliError(f"--{name.replace('_', '-')}: {where} (its options: {have}; "
+                           "`ringmaster backends` lists every backend's; the script's arguments go after `--`)",
+                           code=2)
+    return options
+
+
+def cmd_backends(client, args):
+    """The backends jobs may go to, and the options of their own that submit passes on."""
+    for entry in client.request("GET", "/api/backends/"):
+        print(f"{entry['name']}: {entry['label']}" + (f" (unavailable: {entry['unavailable']})"
+                                                      if entry.get("unavailable") else ""))
+        for name, words in sorted(entry["fields"].items()):
+            print(f"  --{name.replace('_', '-')} VALUE  {words}")
+    return 0
 
 
 def cmd_logs(client, args):
@@ -471,7 +501,10 @@ def build_parser():
     submit = commands.add_parser(
         "submit", help="submit a job", usage="ringmaster submit --image I --gpus N [options] "
         "(script.py | --script-path P) [-- args...]",
-        description="Upload a script and submit a job. Everything after `--` goes to the script.")
+        description="Upload a script and submit a job. Everything after `--` goes to the script.",
+        epilog="A backend's own options are passed on as given, e.g. --cluster NAME for Kubernetes "
+               "(`ringmaster backends` lists them).")
+    parser.submit = submit
     submit.add_argument("script", nargs="?", help="a local script to upload")
     submit.add_argument("--script-path", help="run this path inside the image instead of uploading")
     submit.add_argument("--image", required=True, help="image name or id (see the portal's catalog)")
@@ -486,7 +519,6 @@ def build_parser():
     submit.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
                         help="an environment variable of the job (repeatable)")
     submit.add_argument("--backend", help="local, instances or kubernetes (default: the portal's)")
-    submit.add_argument("--cluster", help="kubernetes backend: the cluster (default: the only one)")
     submit.add_argument("--gpu-model", metavar="MODEL",
                         help="only GPUs whose nvidia-smi name contains this, e.g. A100 (instances, this machine)")
     submit.add_argument("--group", help="the group (team) the job's GPUs are charged to (default: yours)")
@@ -523,6 +555,10 @@ def build_parser():
     note.add_argument("job_id", type=int)
     note.add_argument("text", nargs="?", metavar="TEXT")
 
+    commands.add_parser("backends", help="list the backends and the options of their own that submit takes",
+                        description="The backends jobs may go to, each with the options of its own that "
+                                    "`ringmaster submit` passes on (e.g. --cluster on Kubernetes).")
+
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
     return parser
@@ -536,11 +572,39 @@ def parse_args(argv):
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1:]
     parser = build_parser()
+    backend_options = {}
+    if argv and argv[0] == "submit":
+        argv, backend_options = _backend_options(parser, parser.submit, argv)
     args = parser.parse_args(argv)
+    args.backend_options = backend_options
     if script_args and args.command != "submit":
         parser.error("arguments after `--` only go with submit")
     args.script_args = script_args
     return args
+
+
+def _backend_options(parser, submit, argv):
+    """Take out of submit's arguments the options that none of its flags takes: a backend's own
+    (`--cluster gpu-a` or `--cluster=gpu-a`: {"cluster": "gpu-a"}, dashes read as underscores).
+    Returns (the rest, those options)."""
+    rest, options, words = [], {}, list(argv)
+    while words:
+        word = words.pop(0)
+        name, equals, value = word.partition("=")
+        if not name.startswith("--") or name in submit._option_string_actions:
+            rest.append(word)
+            action = submit._option_string_actions.get(name)
+            if action is not None and action.nargs is None and not equals and words:
+                rest.append(words.pop(0))                 # the flag's value, whatever it looks like
+            continue
+        if not re.fullmatch(r"--[a-z][a-z0-9-]*", name):
+            parser.error(f"unrecognized argument: {word}")
+        if not equals:
+            if not words or words[0].startswith("--"):
+                parser.error(f"{name}: a backend's option takes a value ({name} VALUE)")
+            value = words.pop(0)
+        options[name[2:].replace("-", "_")] = value
+    return rest, options
 
 
 def _version():
@@ -552,7 +616,8 @@ def _version():
         return "0.1.0"
 
 
-COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "tag": cmd_tag, "note": cmd_note, "cancel": cmd_cancel}
+COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "tag": cmd_tag, "note": cmd_note, "cancel": cmd_cancel,
+            "backends": cmd_backends}
 
 
 def main(argv=None):

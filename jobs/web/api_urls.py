@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.web import api, compare_views
+from jobs.web import api, backend_api, compare_views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -12,5 +12,6 @@ urlpatterns = [
     path("jobs/<id:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
     path("jobs/<id:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
     path("quota/", api.QuotaView.as_view(), name="api-quota"),
+    path("backends/", backend_api.BackendList.as_view(), name="api-backends"),
     path("compare/", compare_views.CompareView.as_view(), name="api-compare"),
 ]

@@ -229,6 +229,15 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     assert nowhere.returncode == 2
     assert nowhere.stderr.strip() == ("ringmaster: backend: No Kubernetes cluster is registered (or enabled): an "
                                       "admin adds one with manage.py add_cluster, or in the admin under Clusters.")
+    typo = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--backend", "kubernetes",
+                      "--clustr", "gpu-a", train_py)
+    assert typo.returncode == 2
+    assert typo.stderr.startswith("ringmaster: --clustr: the kubernetes backend has no such option (its options: "
+                                  "--cluster; `ringmaster backends` lists every backend's")
+    listed = ringmaster(env, "backends")
+    assert listed.returncode == 0
+    assert "kubernetes: Kubernetes (MPIJob) (unavailable: No Kubernetes cluster is registered" in listed.stdout
+    assert "  --cluster VALUE  Kubernetes backend: the cluster (name); empty: the only one there is." in listed.stdout
     model = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--gpu-model", "A100", train_py)
     assert model.returncode == 2
     assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine (horovodrun); "

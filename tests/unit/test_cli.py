@@ -126,8 +126,16 @@ def test_submit_arguments_and_everything_after_the_double_dash():
     assert (args.name, args.script) == ("n", "train.py")
     assert args.env == [("LR", "0.1"), ("EMPTY", ""), ("EQ", "a=b")]
     assert (args.backend, args.time_limit, args.follow, args.quiet) == ("local", 30, True, False)
-    assert (args.group, args.cluster, args.gpu_model) == ("vision", "gpu-east", "A100")
+    assert (args.group, args.backend_options, args.gpu_model) == ("vision", {"cluster": "gpu-east"}, "A100")
     assert args.script_args == ["--epochs", "2", "--", "$(id)"]                # literally, never a shell
+
+
+def test_a_backends_own_options_are_taken_in_either_form_and_never_from_the_scripts_arguments():
+    args = cli.parse_args(["submit", "--image", "i", "--gpus", "1", "--node-pool=a=b", "--env=--x=1",
+                           "--cluster", "gpu-a", "train.py", "--epochs", "2", "--", "--zone", "z"])
+    # --epochs before `--` is an option for the portal to check (it refuses one no backend has).
+    assert args.backend_options == {"node_pool": "a=b", "cluster": "gpu-a", "epochs": "2"}
+    assert (args.env, args.script, args.script_args) == ([("--x", "1")], "train.py", ["--zone", "z"])
 
 
 def test_submit_with_a_path_inside_the_image_and_no_args():
@@ -139,7 +147,8 @@ def test_submit_with_a_path_inside_the_image_and_no_args():
     ["submit", "--gpus", "2", "t.py"],                                # --image is required
     ["submit", "--image", "i", "--gpus", "two", "t.py"],              # not a number
     ["submit", "--image", "i", "--gpus", "2", "--env", "NOVALUE", "t.py"],
-    ["submit", "--image", "i", "--gpus", "2", "t.py", "--epochs", "2"],  # script args need `--`
+    ["submit", "--image", "i", "--gpus", "2", "t.py", "--epochs"],    # a backend's option needs a value
+    ["submit", "--image", "i", "--gpus", "2", "t.py", "--Bad=1"],
     ["logs", "7", "--rank", "worker"],
     ["logs", "seven"],
     ["logs", "7", "--", "x"],                                          # `--` only goes with submit
