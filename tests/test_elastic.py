@@ -309,6 +309,9 @@ def test_the_portal_resizes_no_job_that_kueue_admitted_and_no_job_of_another_clu
     under_kueue = submitted(alice, script, 2, max_gpus=6, cluster=kueue.name, **on)
     assert scheduler.admit() == [under_kueue.pk]
     assert reload(under_kueue).size == 2 and size_events(under_kueue) == []     # 6 GPUs free: left alone
+    assert JobEvent.objects.filter(job=under_kueue).last().message == (
+        "runs at 2 GPUs, its minimum, in Kueue queue alice-queue on cluster kueue; Kueue decides when it runs and "
+        "resizes no MPIJob (its workload slices cover batch Jobs, Ray and Spark)")
     running(under_kueue)
     bobs = submitted(bob, script, 2, max_gpus=6, cluster=kueue.name, **on)          # bob has no Kueue queue there
     assert scheduler.admit() == [bobs.pk] and reload(bobs).size == 6
@@ -322,5 +325,6 @@ def test_the_portal_resizes_no_job_that_kueue_admitted_and_no_job_of_another_clu
     assert [size for size, _ in size_events(grown)] == [4, 4]                   # the other cluster's job kept its GPUs
     assert reload(under_kueue).size == 2
     help_text = str(get("kubernetes").page_fields()["cluster"].help_text)
-    assert "kueue: for the users and groups given a Kueue queue, Kueue decides on this cluster" in help_text
+    assert ("kueue: for the users and groups given a Kueue queue, an elastic job runs at its minimum size; Kueue "
+            "decides when it runs") in help_text
     assert "other: an elastic job grows and shrinks a worker at a time, within 4 GPUs." in help_text

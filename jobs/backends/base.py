@@ -125,10 +125,10 @@ class Admission:
         pool; a Kubernetes job's own cluster)."""
         return True
 
-    def resizes(self, job):
-        """Whether the portal may grow or shrink the running elastic `job`: False where something
-        else decides its size (Kueue), and the job runs at the size it started at."""
-        return True
+    def fixed_size(self, job):
+        """Why the portal may not grow or shrink the elastic `job` (something else decides its
+        size, e.g. Kueue), which then runs at the size it started at; "" where it may."""
+        return ""
 
     def where(self, job):
         """Where the GPUs a job grows into are, in an event ("on this machine")."""

@@ -100,17 +100,15 @@ def queue_of(cluster, user_id, group_id):
 # Spark, not MPIJobs (Kueue v0.18): an MPIJob whose workers change is no longer the Workload Kueue
 # admitted, and Kueue stops it and queues it again. So the portal never resizes a job that Kueue
 # admitted; an elastic job runs there at the size it started at, its minimum.
-FIXED_UNDER_KUEUE = ("Kueue decides on this cluster: an elastic job runs at its minimum size there (Kueue resizes "
-                     "no MPIJob: its workload slices cover batch Jobs, Ray and Spark)")
+KUEUE_RESIZES_NO_MPIJOB = ("Kueue decides when it runs and resizes no MPIJob (its workload slices cover batch Jobs, "
+                           "Ray and Spark)")
 
 
 def elastic_words(cluster):
     """What an elastic job does on `cluster`, for the job form."""
     if cluster.kueue_queue or QueueMapping.objects.filter(cluster=cluster.pk).exists():
-        words = FIXED_UNDER_KUEUE
-        if not cluster.kueue_queue:
-            words = f"for the users and groups given a Kueue queue, {words}"
-        return f"{cluster.name}: {words}."
+        who = "" if cluster.kueue_queue else "for the users and groups given a Kueue queue, "
+        return f"{cluster.name}: {who}an elastic job runs at its minimum size; {KUEUE_RESIZES_NO_MPIJOB}."
     if cluster.gpu_limit is None:
         return (f"{cluster.name}: no GPU limit here, so the cluster queues jobs itself and an elastic job runs at "
                 "its minimum size.")

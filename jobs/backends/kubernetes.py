@@ -17,7 +17,7 @@ class ClusterAdmission(Admission):
     """GPUs of launching and running jobs per cluster (an elastic job's size now), against each
     cluster's `gpu_limit` (read once per pass). A cluster without a limit queues the jobs itself,
     and the portal grows no elastic job there: it cannot see which GPUs are free. Nor does it
-    resize a job that goes through Kueue (clusters.FIXED_UNDER_KUEUE)."""
+    resize a job that goes through Kueue (clusters.KUEUE_RESIZES_NO_MPIJOB)."""
 
     def __init__(self, backend, book):
         super().__init__(backend, book)
@@ -57,9 +57,10 @@ class ClusterAdmission(Admission):
     def shares_capacity(self, job, other):
         return job.cluster_id == other.cluster_id
 
-    def resizes(self, job):
+    def fixed_size(self, job):
         cluster = self.clusters.get(job.cluster_id)
-        return cluster is not None and not clusters.queue_of(cluster, job.owner_id, job.group_id)
+        queue = cluster is not None and clusters.queue_of(cluster, job.owner_id, job.group_id)
+        return f"in Kueue queue {queue} on cluster {cluster.name}; {clusters.KUEUE_RESIZES_NO_MPIJOB}" if queue else ""
 
     def step(self, job):
         if job.cluster_id not in self.per_node:

@@ -23,7 +23,8 @@ under its lock, in the same pass that admits queued jobs.
   812 can start"). A job of higher priority does not borrow: the queued job could not take
   the GPUs back.
 
-A backend may keep a job at its size (Admission.resizes: Kueue's jobs on Kubernetes).
+A backend may keep a job at its size (Admission.fixed_size: Kueue's jobs on Kubernetes), which
+the job's first event says.
 
 What changes is Job.size, with an event that says why (jobs.domain.states.resize), and the
 backend's record of what the job holds (Admission.resize). The job's follower sees the new size
@@ -72,7 +73,7 @@ def make_room(admission, book, job):
     missing = job.gpus - room
     candidates = sorted((other for other in _running(backend=job.backend, priority__lte=job.priority)
                          if other.gpus_in_use > other.gpus and admission.shares_capacity(job, other)
-                         and admission.resizes(other)),
+                         and not admission.fixed_size(other)),
                         key=lambda other: (other.priority, -other.pk))
     if missing <= 0 or sum(other.gpus_in_use - other.gpus for other in candidates) < missing:
         return False
@@ -96,7 +97,10 @@ def grow(admission_of, book, reserved, fresh=()):
     jobs = sorted((job for job in candidates if job.gpus_in_use < job.max_gpus), key=lambda job: (-job.priority, job.pk))
     for job in jobs:
         admission = admission_of(job.backend)
-        if not admission.resizes(job):
+        fixed = admission.fixed_size(job)
+        if fixed:
+            if job.pk in fresh:
+                states.note(job.pk, f"runs at {job.gpus_in_use} GPUs, its minimum, {fixed}")
             continue
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
         waiting = reserved.get(admission.capacity_key(job))

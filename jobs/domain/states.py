@@ -121,6 +121,11 @@ def set_reason(job_id, reason, place=""):
     return job
 
 
+def note(job_id, message):
+    """Record something the job's owner should know that changes neither its state nor its reason."""
+    JobEvent.objects.create(job_id=job_id, message=message)
+
+
 def _release(job):
     try:
         backend = backends.of(job)
