@@ -11,7 +11,9 @@ from jobs import backends
 from jobs.backends.admin_forms import ClusterForm, InstanceForm, QueueMappingForm
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
-from jobs.models import Cluster, Image, Instance, Job, JobEvent, QueueMapping, Quota, Script, State, UserSettings
+from jobs.models import (
+    Cluster, Image, Instance, Job, JobEvent, NotifyAllowedNetwork, QueueMapping, Quota, Script, State, UserSettings,
+)
 
 
 @admin.register(Image)
@@ -263,3 +265,13 @@ class ClusterAdmin(admin.ModelAdmin):
         from jobs.backends import clusters
 
         report_checks(self, request, queryset, clusters.check, ("ok", "failed"))
+
+
+@admin.register(NotifyAllowedNetwork)
+class NotifyAllowedNetworkAdmin(admin.ModelAdmin):
+    """Networks that notification targets may point at although they are private, loopback,
+    link-local or the portal's own (jobs.domain.destinations); beside the setting
+    RINGMASTER_NOTIFY_ALLOWED_NETWORKS. A change holds at once, in web and workers."""
+
+    list_display = ["network", "note"]
+    search_fields = ["network", "note"]

@@ -553,3 +553,147 @@ class Installation(models.Model):
 
     def __str__(self):
         return self.ident
+
+
+class NotificationPreferences(models.Model):
+    """Which of a user's jobs' events reach their notification targets (jobs.domain.notifications).
+    A user without a row gets the defaults: a job's end, and nothing else."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="notification_preferences")
+    on_end = models.BooleanField(default=True, verbose_name="a job ends",
+                                 help_text="Succeeded, failed or cancelled.")
+    on_wait = models.BooleanField(default=False, verbose_name="a job waits long",
+                                  help_text="Still queued after the minutes below.")
+    wait_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)],
+                                               verbose_name="waiting minutes")
+    on_idle = models.BooleanField(default=False, verbose_name="a job's GPUs sit idle",
+                                  help_text="Running, with every GPU below the site's idle threshold for the "
+                                            "minutes below.")
+    idle_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)],
+                                               verbose_name="idle minutes")
+
+    class Meta:
+        verbose_name = "notification preferences"
+        verbose_name_plural = "notification preferences"
+
+    def __str__(self):
+        return f"notification preferences of {self.user}"
+
+
+class NotificationTarget(models.Model):
+    """Where a user's notifications go: an e-mail address (Django's mail), an Apprise URL (Slack,
+    Teams, Discord, ntfy, ...), or a webhook (a JSON POST signed with the target's secret). The
+    address or URL and the secret are stored encrypted (jobs.secrets) and never shown back;
+    `shown` is what the pages show of it (an Apprise URL with its tokens masked)."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email", "E-mail"
+        APPRISE = "apprise", "Chat (an Apprise URL: Slack, Teams, Discord, ntfy, ...)"
+        WEBHOOK = "webhook", "Webhook (a signed JSON POST)"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="notification_targets")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    name = models.CharField(max_length=100, blank=True)
+    address_encrypted = models.TextField(editable=False)
+    secret_encrypted = models.TextField(editable=False, blank=True)
+    shown = models.CharField(max_length=300, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "id"]
+
+    def __str__(self):
+        return self.name or self.shown
+
+    def set_address(self, text):
+        from jobs.secrets import encrypt
+
+        self.address_encrypted = encrypt(text)
+
+    def address(self):
+        from jobs.secrets import decrypt
+
+        return decrypt(self.address_encrypted, f"notification target {self.pk}", "add the target again")
+
+    def set_secret(self, text):
+        from jobs.secrets import encrypt
+
+        self.secret_encrypted = encrypt(text) if text else ""
+
+    def secret(self):
+        from jobs.secrets import decrypt
+
+        if not self.secret_encrypted:
+            return ""
+        return decrypt(self.secret_encrypted, f"the secret of notification target {self.pk}", "add the target again")
+
+
+class NotificationDelivery(models.Model):
+    """One notification to one target, and how its delivery went (the target's log)."""
+
+    class Event(models.TextChoices):
+        ENDED = "ended", "job ended"
+        WAITING = "waiting", "job waits long"
+        IDLE = "idle", "GPUs idle"
+        TEST = "test", "test"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RETRYING = "retrying", "failed, will retry"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    id = models.BigAutoField(primary_key=True)
+    target = models.ForeignKey(NotificationTarget, on_delete=models.CASCADE, related_name="deliveries")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    event = models.CharField(max_length=10, choices=Event.choices)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["target", "-id"], name="delivery_target_newest")]
+
+
+class JobNotice(models.Model):
+    """That a job's owner was notified of one kind of event: each kind once per job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=10, choices=NotificationDelivery.Event.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "kind"], name="job_notice_once_per_kind")]
+
+
+class NotifyAllowedNetwork(models.Model):
+    """A network notification targets may point at although it is private, loopback, link-local
+    or this machine's (an intranet chat server, say): set by an admin, beside the setting
+    RINGMASTER_NOTIFY_ALLOWED_NETWORKS (jobs.domain.destinations)."""
+
+    network = models.CharField(max_length=50, unique=True, help_text="An address range, e.g. 10.20.0.0/16 or fd00::/8.")
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["network"]
+        verbose_name = "network allowed for notifications"
+        verbose_name_plural = "networks allowed for notifications"
+
+    def __str__(self):
+        return self.network
+
+    def clean(self):
+        import ipaddress
+
+        from django.core.exceptions import ValidationError
+
+        try:
+            self.network = str(ipaddress.ip_network(self.network.strip(), strict=False))
+        except ValueError:
+            raise ValidationError({"network": "Give an address range, e.g. 10.20.0.0/16."}) from None

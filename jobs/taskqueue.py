@@ -38,3 +38,8 @@ def run_job(job_id):
 def stop_job(job_id):
     """Stop a job whose cancel was requested."""
     transaction.on_commit(Send("stop_job", job_id))
+
+
+def deliver_notification(delivery_id):
+    """Send one notification (jobs.models.NotificationDelivery) to its target."""
+    transaction.on_commit(Send("deliver_notification", delivery_id))

@@ -6,7 +6,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from jobs import backends
-from jobs.domain import follow, scheduler
+from jobs.domain import follow, notifications, notify_send, scheduler
 
 
 @shared_task(acks_late=True)
@@ -39,6 +39,20 @@ def check_backend(name):
 @shared_task
 def reconcile():
     return scheduler.reconcile()
+
+
+@shared_task(bind=True, acks_late=True, autoretry_for=(notify_send.Unsent,), retry_backoff=True,
+             retry_backoff_max=600, retry_jitter=True, max_retries=10)
+def deliver_notification(self, delivery_id):
+    """One notification to one target; retried with exponential backoff (about 1 s, 2 s, 4 s, ...,
+    at most 10 minutes apart; some 17 minutes in all) while the trouble may pass."""
+    notifications.deliver(delivery_id, last=self.request.retries >= self.max_retries)
+
+
+@shared_task
+def check_notifications():
+    """Beat's look for jobs that waited long or whose GPUs sit idle."""
+    return notifications.check()
 
 
 @worker_ready.connect

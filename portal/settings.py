@@ -157,6 +157,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": 15.0},
+    # Jobs that waited long or whose GPUs sit idle, announced to their owners (jobs.domain.notifications).
+    "notifications": {"task": "jobs.tasks.check_notifications", "schedule": 60.0},
 }
 # Beat adds the enabled backends' health checks, each at its own interval (portal.celery).
 
@@ -324,6 +326,27 @@ RINGMASTER_DEFAULT_QUOTA_JOBS = env_limit("RINGMASTER_DEFAULT_QUOTA_JOBS")
 RINGMASTER_DEFAULT_QUOTA_GPUS_PER_JOB = env_limit("RINGMASTER_DEFAULT_QUOTA_GPUS_PER_JOB")
 RINGMASTER_DEFAULT_QUOTA_GPU_HOURS = env_limit("RINGMASTER_DEFAULT_QUOTA_GPU_HOURS")
 RINGMASTER_DEFAULT_QUOTA_WINDOW_DAYS = int(os.environ.get("RINGMASTER_DEFAULT_QUOTA_WINDOW_DAYS", "30"))
+
+# --- notifications (jobs.domain.notifications) ----------------------------------------------
+# E-mail: SMTP where EMAIL_HOST is set; else the console (the worker's log), as embedded.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND") or (
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "587" if env_bool("EMAIL_USE_TLS") else "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT", "20"))
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "ringmaster@localhost")
+# Address ranges (comma separated, e.g. "10.20.0.0/16,127.0.0.0/8") that notification targets may
+# point at although they are private, loopback, link-local or this machine's; admins may add more
+# in the admin (networks allowed for notifications).
+RINGMASTER_NOTIFY_ALLOWED_NETWORKS = env_list("RINGMASTER_NOTIFY_ALLOWED_NETWORKS")
+# A running job's GPUs are idle while every one of them is below this utilization (%).
+RINGMASTER_NOTIFY_IDLE_BELOW_PERCENT = float(os.environ.get("RINGMASTER_NOTIFY_IDLE_BELOW_PERCENT", "10"))
+# The portal's address as users reach it, for the links in notifications; unset: links are paths.
+RINGMASTER_PUBLIC_URL = os.environ.get("RINGMASTER_PUBLIC_URL", "")
 
 LOGGING = {
     "version": 1,

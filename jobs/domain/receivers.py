@@ -3,7 +3,8 @@ from django.db.models.signals import post_delete, post_save, pre_delete
 from django.dispatch import receiver
 
 from jobs import taskqueue
-from jobs.models import Job, Quota
+from jobs.domain import notifications
+from jobs.models import TERMINAL_STATES, Job, JobEvent, Quota
 
 
 @receiver([post_save, post_delete], sender=Quota)
@@ -18,3 +19,11 @@ def wait_for_the_jobs_last_output(sender, instance, **kwargs):
     the row lock their writer holds, so a batch being stored is deleted with the job (Django
     deletes them after this, in the same transaction) and a later one finds no job to store to."""
     Job.objects.select_for_update().filter(pk=instance.pk).exists()
+
+
+@receiver(post_save, sender=JobEvent)
+def tell_the_owner_a_job_ended(sender, instance, created, **kwargs):
+    """The event of a job's end (states.transition records it) queues the notifications of its
+    owner, in the transaction that ends it: sent once it commits, and only then."""
+    if created and instance.state in TERMINAL_STATES:
+        notifications.job_ended(instance.job)

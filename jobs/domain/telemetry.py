@@ -9,7 +9,7 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Avg
+from django.db.models import Avg, Count, Max, Min
 from django.utils import timezone
 
 from jobs import backends
@@ -51,6 +51,17 @@ def idle_hint(job_id, now=None):
         return ""
     return (f"GPU utilization {mean:.0f}% over the last {minutes} minute{'s' if minutes != 1 else ''}: "
             f"is the input pipeline the bottleneck?")
+
+
+def gpus_idle(job_id, since, below, now=None):
+    """Whether every GPU sample of the job since `since` shows utilization under `below` %, and
+    the samples cover that time (the first within a minute, or three sampling intervals, of it)."""
+    now = now or timezone.now()
+    seen = SystemSample.objects.filter(job_id=job_id, device__startswith="gpu", ts__gte=since, ts__lte=now,
+                                       utilization__isnull=False).aggregate(n=Count("id"), top=Max("utilization"),
+                                                                            first=Min("ts"))
+    slack = timedelta(seconds=max(60, 3 * settings.RINGMASTER_TELEMETRY_SECONDS))
+    return seen["n"] >= 2 and seen["top"] < below and seen["first"] <= since + slack
 
 
 def summary(job):
