@@ -4,7 +4,7 @@ A job's state changes only through jobs.domain.states.transition().
 """
 from django.conf import settings
 from django.contrib.auth.models import Group
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
@@ -129,6 +129,24 @@ class Job(models.Model):
     # with tags__has_tags, jobs.lookups) and a note.
     tags = models.JSONField(default=list, blank=True, help_text="Labels to find the job by, e.g. baseline, lr-sweep.")
     note = models.TextField(blank=True, help_text="Why the job was run, what came of it.")
+
+    # Artifacts: the files its ranks write under RINGMASTER_OUTPUT_DIR (jobs.domain.artifacts).
+    checkpoint_pattern = models.CharField(max_length=200, blank=True,
+                                          help_text="A glob (e.g. *.pt) naming the job's checkpoints among its "
+                                                    "artifacts; a rerun from checkpoint starts from the newest.")
+    checkpoint = models.CharField(max_length=1024, blank=True, editable=False,
+                                  help_text="A rerun from checkpoint: the parent's artifact it starts from "
+                                            "(RINGMASTER_CHECKPOINT).")
+    artifacts_bytes = models.BigIntegerField(default=0, editable=False,
+                                             help_text="Bytes of artifacts kept for the job (the storage quota).")
+    artifacts_note = models.CharField(max_length=500, blank=True, editable=False,
+                                      help_text="Why the job's artifacts were not all kept (over the storage quota).")
+    artifacts_deleted_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                                help_text="When retention deleted the job's artifacts.")
+    artifacts_instance = models.ForeignKey("Instance", null=True, blank=True, on_delete=models.SET_NULL,
+                                           related_name="+", editable=False,
+                                           help_text="The instance that ran the job's launcher: where its "
+                                                     "artifacts are brought back from.")
 
     # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.
@@ -282,6 +300,10 @@ class Quota(models.Model):
                                   help_text="GPUs x running time, over the last `window days` (a rolling window).")
     window_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
                                               help_text="Length of the GPU-hours window; empty: the site default.")
+    storage_gb = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)],
+                                   verbose_name="artifact storage (GB)",
+                                   help_text="A user's all-backends row: the artifacts of their jobs kept at once; "
+                                             "empty: no limit.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -476,6 +498,11 @@ class Cluster(models.Model):
     training_runtime = models.CharField(
         max_length=253, default="torch-distributed",
         help_text="The ClusterTrainingRuntime (Kubeflow Trainer) that torchrun jobs' TrainJobs reference.")
+    artifacts_volume = models.CharField(
+        max_length=253, blank=True, validators=[RegexValidator(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                                                               "A PersistentVolumeClaim's name (DNS-1123).")],
+        help_text="A PersistentVolumeClaim in the job's namespace that its pods mount as RINGMASTER_OUTPUT_DIR, "
+                  "each job under a sub-path of its own name; empty: none.")
     cpu_per_gpu = models.FloatField(default=4, validators=[MinValueValidator(0.1)], verbose_name="CPUs per GPU")
     memory_per_gpu_gib = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)],
                                                      verbose_name="memory per GPU (GiB)")

@@ -43,3 +43,8 @@ def stop_job(job_id):
 def deliver_notification(delivery_id):
     """Send one notification (jobs.models.NotificationDelivery) to its target."""
     transaction.on_commit(Send("deliver_notification", delivery_id))
+
+
+def collect_artifacts(job_id):
+    """Bring a job's artifacts to where the portal reads them (at its end, or "Fetch now")."""
+    transaction.on_commit(Send("collect_artifacts", job_id))

@@ -6,7 +6,8 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from jobs import backends
-from jobs.domain import follow, notifications, notify_send, scheduler
+from jobs.domain import artifacts, follow, notifications, notify_send, scheduler, tbmetrics
+from jobs.models import Job
 
 
 @shared_task(acks_late=True)
@@ -53,6 +54,28 @@ def deliver_notification(self, delivery_id):
 def check_notifications():
     """Beat's look for jobs that waited long or whose GPUs sit idle."""
     return notifications.check()
+
+
+@shared_task
+def collect_artifacts(job_id):
+    """Bring one job's artifacts back (its end, or "Fetch now" while it runs)."""
+    job = Job.objects.select_related("owner", "artifacts_instance").filter(pk=job_id).first()
+    if job is not None:
+        artifacts.collect(job)
+        if job.is_terminal:
+            tbmetrics.scrape(job, last=True)      # what its event files gained at the end
+
+
+@shared_task
+def scrape_tensorboard():
+    """Beat's look at running jobs' TensorBoard event files (jobs.domain.tbmetrics)."""
+    return tbmetrics.scrape_running()
+
+
+@shared_task
+def expire_artifacts():
+    """Beat's deletion of artifacts past RINGMASTER_ARTIFACT_RETENTION_DAYS."""
+    return artifacts.expire()
 
 
 @worker_ready.connect

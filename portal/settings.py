@@ -159,6 +159,11 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "jobs.tasks.reconcile", "schedule": 15.0},
     # Jobs that waited long or whose GPUs sit idle, announced to their owners (jobs.domain.notifications).
     "notifications": {"task": "jobs.tasks.check_notifications", "schedule": 60.0},
+    # Artifacts past RINGMASTER_ARTIFACT_RETENTION_DAYS deleted (jobs.domain.artifacts.expire).
+    "artifact-retention": {"task": "jobs.tasks.expire_artifacts", "schedule": 3600.0},
+    # Running jobs' TensorBoard scalars read into metric points (jobs.domain.tbmetrics).
+    "tensorboard": {"task": "jobs.tasks.scrape_tensorboard",
+                    "schedule": float(os.environ.get("RINGMASTER_TENSORBOARD_SECONDS", "5"))},
 }
 # Beat adds the enabled backends' health checks, each at its own interval (portal.celery).
 
@@ -227,6 +232,11 @@ RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_DEFAULT_T
 RINGMASTER_MAX_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_MAX_TIME_LIMIT_MINUTES", "10080"))
 # Where the local runner puts job working directories.
 RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "jobs")).resolve()
+# Where the portal keeps artifacts it brings back from instances (a folder per job, named by the
+# installation's id and the job's: jobs.backends.base.Backend.artifacts_root); no job sees it.
+RINGMASTER_ARTIFACTS_DIR = Path(os.environ.get("RINGMASTER_ARTIFACTS_DIR", DATA_DIR / "artifacts")).resolve()
+# Artifacts of jobs that ended longer ago than this are deleted by beat (jobs.tasks.expire_artifacts).
+RINGMASTER_ARTIFACT_RETENTION_DAYS = float(os.environ.get("RINGMASTER_ARTIFACT_RETENTION_DAYS", "30"))
 # Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error
 # at launch without it), "none" never (jobs can then read the portal's secrets).
 RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")

@@ -36,6 +36,10 @@ class JobSpec:
     # Elastic jobs: `gpus` is the size now, between min_gpus and max_gpus (None: a fixed size).
     min_gpus: int | None = None
     max_gpus: int | None = None
+    # A rerun from a checkpoint: (the folder on the portal's machine holding the old job's
+    # artifacts, the checkpoint's name in it); the runner puts that file in the job's folder and
+    # names it in RINGMASTER_CHECKPOINT (runners.artifacts).
+    checkpoint: tuple[str, str] | None = None
 
     @property
     def name(self):

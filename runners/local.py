@@ -32,7 +32,7 @@ import psutil
 from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
-from . import gpus, launchers, telemetry
+from . import artifacts, gpus, launchers, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOST_NAME_VAR, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting)
 from .sandbox import job_uid
@@ -71,6 +71,11 @@ class LocalRunner(Runner):
         """The job's own folder: its working directory and home, owned by its user."""
         return self.jobs_dir / spec.name
 
+    def output_dir(self, spec):
+        """Where the job's ranks write their artifacts (RINGMASTER_OUTPUT_DIR): inside its folder,
+        the one place its sandbox lets it write."""
+        return self.job_dir(spec) / artifacts.OUTPUT_DIR
+
     def control_dir(self, spec):
         """What the portal keeps of a job and trusts (its output, launcher pid, exit code, launch
         lock): outside the job's folder, in a folder only the portal's user may open, so the job
@@ -106,7 +111,14 @@ class LocalRunner(Runner):
         env[HOST_NAME_VAR] = "localhost"
         env[JOB_ID_VAR] = str(spec.job_id)
         env[JOB_DIR_VAR] = str(self.job_dir(spec).resolve())
+        env[artifacts.OUTPUT_DIR_VAR] = str(self.output_dir(spec).resolve())
+        if spec.checkpoint is not None:
+            env[artifacts.CHECKPOINT_VAR] = str(self._checkpoint_path(spec).resolve())
         return env
+
+    def _checkpoint_path(self, spec):
+        name = spec.checkpoint[1].rsplit("/", 1)[-1]
+        return self.job_dir(spec) / artifacts.CHECKPOINT_DIR / name
 
     def _needs(self, spec):
         """What a job reads besides the machine's system folders: the installation of its
@@ -131,6 +143,14 @@ class LocalRunner(Runner):
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(mode=0o700)
+        (directory / artifacts.OUTPUT_DIR).mkdir(mode=0o700)
+        if spec.checkpoint is not None:
+            (directory / artifacts.CHECKPOINT_DIR).mkdir(mode=0o700)
+            try:
+                artifacts.copy_into(spec.checkpoint[0], spec.checkpoint[1], self._checkpoint_path(spec))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"the checkpoint {spec.checkpoint[1]} this job starts from is gone "
+                                        f"(deleted since, or never kept)") from None
         if spec.script_content is not None:
             (directory / spec.script_name).write_text(spec.script_content)
         name, content = spec.argv_file()

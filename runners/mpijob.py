@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import kueue
+from .artifacts import OUTPUT_DIR_VAR
 from .base import BLACKLIST_COOLDOWN
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
@@ -70,6 +71,23 @@ class ClusterSpec:
     clean_pod_policy: str = "Running"
     backoff_limit: int = 0
     ttl_seconds_after_finished: int = 3600
+    # A PersistentVolumeClaim the job's pods mount at OUTPUT_MOUNT, under a sub-path of the job's
+    # name: where RINGMASTER_OUTPUT_DIR's files stay ("": no volume, no RINGMASTER_OUTPUT_DIR).
+    artifacts_volume: str = ""
+
+
+# Where a job's pods see their part of the cluster's artifacts volume (RINGMASTER_OUTPUT_DIR).
+OUTPUT_MOUNT = "/ringmaster/output"
+
+
+def artifacts_volume(spec, cluster):
+    """([volume], [mount], {RINGMASTER_OUTPUT_DIR: ...}) of the cluster's artifacts volume, each
+    job in a sub-path of its own name; nothing where the cluster names none."""
+    if not cluster.artifacts_volume:
+        return [], [], {}
+    volume = {"name": "artifacts", "persistentVolumeClaim": {"claimName": cluster.artifacts_volume}}
+    mount = {"name": "artifacts", "mountPath": OUTPUT_MOUNT, "subPath": spec.name}
+    return [volume], [mount], {OUTPUT_DIR_VAR: OUTPUT_MOUNT}
 
 
 class InvalidMPIJob(ValueError):
@@ -132,9 +150,10 @@ def _quantity(value):
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
-def forwarded_env(spec):
-    """The launcher's environment: the user's variables (and NCCL_DEBUG unless they set it)."""
-    env = {"NCCL_DEBUG": "WARN", **spec.env}
+def forwarded_env(spec, cluster=None):
+    """The launcher's environment: the user's variables (and NCCL_DEBUG unless they set it), and
+    RINGMASTER_OUTPUT_DIR where the cluster has an artifacts volume."""
+    env = {"NCCL_DEBUG": "WARN", **spec.env, **(artifacts_volume(spec, cluster)[2] if cluster else {})}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -152,7 +171,7 @@ def launcher_command(spec, cluster, np):
     if cluster.mpijob_command == "horovodrun":
         # horovodrun forwards the launcher's whole environment to the ranks itself.
         return ["horovodrun", "-np", str(np), "--hostfile", "/etc/mpi/hostfile", *training]
-    names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env])
+    names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env, *artifacts_volume(spec, cluster)[2]])
     forward = [word for name in names for word in ("-x", name)]
     return ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np), "-bind-to", "none",
             "-map-by", "slot", *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
@@ -233,7 +252,7 @@ def new_launcher_template(spec, cluster, np):
         "name": LAUNCHER,
         "image": spec.container_image,
         "command": launcher_command(spec, cluster, np),
-        "env": forwarded_env(spec),
+        "env": forwarded_env(spec, cluster),
         "resources": {
             "requests": {"cpu": _quantity(cluster.launcher_cpu), "memory": f"{cluster.launcher_memory_gib}Gi"},
             "limits": {"memory": f"{cluster.launcher_memory_gib}Gi"},
@@ -251,6 +270,8 @@ def new_worker_template(spec, cluster, slots):
     the operator starts sshd, and mpirun starts the ranks through it; the container keeps only
     the capabilities sshd needs as root (WORKER_CAPABILITIES), which the ranks inherit."""
     volumes, mounts = _script_volume(spec)
+    more_volumes, more_mounts, _ = artifacts_volume(spec, cluster)      # the ranks run here
+    volumes, mounts = volumes + more_volumes, mounts + more_mounts
     memory = f"{cluster.memory_per_gpu_gib * slots}Gi"
     container = {
         "name": WORKER,

@@ -40,9 +40,11 @@ Safety:
 This module never imports Django: it gets a JobSpec and plain Host records.
 """
 import io
+import os
 import re
 import shlex
 import socket
+import stat
 import threading
 import time
 import zlib
@@ -52,6 +54,7 @@ from pathlib import Path
 import paramiko
 
 from . import gpus, launchers, telemetry
+from .artifacts import OUTPUT_DIR, OUTPUT_DIR_VAR
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
@@ -351,6 +354,7 @@ if [ -n "$setup" ]; then
     cd -- "$c" || exit 3      # whatever directory the setup line went to
 fi
 """ + JOB_DIR_VAR + r"""=$job; export """ + JOB_DIR_VAR + r"""
+""" + OUTPUT_DIR_VAR + r"""=$job/""" + OUTPUT_DIR + r"""; export """ + OUTPUT_DIR_VAR + r"""
 setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
 echo "$!" > pid.tmp && mv pid.tmp pid
 echo "started $!"
@@ -770,7 +774,7 @@ class SSHRunner(Runner):
 
     def command(self, spec):
         """The launcher's argv on the first host, and the files it needs in the control folder."""
-        forward = (*self.environment(spec), JOB_DIR_VAR)     # LAUNCH sets the job's folder
+        forward = (*self.environment(spec), JOB_DIR_VAR, OUTPUT_DIR_VAR)     # LAUNCH sets the job's folders
         return launchers.of(spec.launcher).over_ssh(spec, self.placement(spec, forward))
 
     def environment(self, spec):
@@ -947,6 +951,24 @@ class SSHRunner(Runner):
                 except Exception:
                     pass
 
+    def fetch_artifacts(self, spec, target, room=None):
+        """Bring the job's artifacts (its output folder on the first host) into the local folder
+        `target` over SFTP, at most `room` bytes (None: no limit). Returns (bytes kept, why not
+        all were brought or ""). A file already there with the same size and time is not read
+        again. Only regular files owned by whoever owns the output folder are read, each checked
+        once opened against what the listing said: a link the job planted never reaches another
+        file of the account's."""
+        client = self._connect(self.first)
+        try:
+            sftp = client.open_sftp()
+            sftp.get_channel().settimeout(max(self.connect_timeout, 30))
+            try:
+                return _fetch_tree(sftp, f"{self.first.job_dir(spec)}/{OUTPUT_DIR}", Path(target), room)
+            finally:
+                sftp.close()
+        finally:
+            client.close()
+
     def system_probe(self, spec):
         return SSHProbe(self, spec)
 
@@ -975,6 +997,62 @@ class SSHRunner(Runner):
             thread.join()
         if errors:
             raise InstanceError("; ".join(errors))
+
+
+def _fetch_tree(sftp, remote, target, room):
+    try:
+        top = sftp.lstat(remote)
+    except FileNotFoundError:
+        return 0, ""
+    if not stat.S_ISDIR(top.st_mode):
+        return 0, f"{remote} is not a folder"
+    files = []
+    _list_remote(sftp, remote, "", top.st_uid, files)
+    kept = 0
+    for name, attrs in sorted(files, key=lambda item: item[0]):
+        if room is not None and kept + attrs.st_size > room:
+            return kept, (f"stopped at {name}: the job's artifacts need more than the {room} bytes left "
+                          f"in its owner's storage quota")
+        local = target.joinpath(*name.split("/"))
+        seen = local.stat() if local.is_file() else None
+        if seen is None or (seen.st_size, int(seen.st_mtime)) != (attrs.st_size, attrs.st_mtime):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            if not _download(sftp, f"{remote}/{name}", attrs, local):
+                continue
+        kept += attrs.st_size
+    return kept, ""
+
+
+def _list_remote(sftp, remote, prefix, owner, files):
+    for attrs in sftp.listdir_attr(f"{remote}/{prefix}" if prefix else remote):
+        name = prefix + attrs.filename
+        if attrs.filename in (".", "..") or attrs.st_uid != owner:
+            continue
+        if stat.S_ISREG(attrs.st_mode):
+            files.append((name, attrs))
+        elif stat.S_ISDIR(attrs.st_mode):
+            _list_remote(sftp, remote, name + "/", owner, files)
+
+
+def _download(sftp, path, attrs, local):
+    """Copy one remote file, if what is opened is still the file listed; False if not."""
+    partial = local.with_name(f".{local.name}.part")
+    with sftp.open(path, "rb") as source:
+        opened = source.stat()
+        if (opened.st_uid, opened.st_mode, opened.st_size) != (attrs.st_uid, attrs.st_mode, attrs.st_size):
+            return False
+        source.prefetch(attrs.st_size)
+        with open(partial, "wb") as out:
+            left = attrs.st_size
+            while left > 0:
+                chunk = source.read(min(left, READ_CHUNK))
+                if not chunk:
+                    break
+                out.write(chunk)
+                left -= len(chunk)
+    os.utime(partial, (attrs.st_atime or attrs.st_mtime, attrs.st_mtime))
+    partial.replace(local)
+    return True
 
 
 class SSHProbe:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .launchers import torchrun
 from .mpijob import (_DNS_1035, MAX_CONFIGMAP_BYTES, SCRIPT_DIR, _labels, _quantity, _security_context,
-                     crd_problems, crd_validator, split_gpus)
+                     artifacts_volume, crd_problems, crd_validator, split_gpus)
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -74,11 +74,13 @@ def script_configmap_name(spec):
     return f"{spec.name}-script"
 
 
-def trainer_env(spec):
+def trainer_env(spec, cluster=None):
     """The trainer container's environment: NCCL_DEBUG unless the user sets it, the user's
     variables, then what torchrun's rank launcher needs (RINGMASTER_PREFIX_OUTPUT: the ranks'
-    lines carry their rank, which the portal relies on)."""
-    env = {"NCCL_DEBUG": "WARN", **spec.env, **torchrun.environment(spec)}
+    lines carry their rank, which the portal relies on), and RINGMASTER_OUTPUT_DIR where the
+    cluster has an artifacts volume."""
+    env = {"NCCL_DEBUG": "WARN", **spec.env, **torchrun.environment(spec),
+           **(artifacts_volume(spec, cluster)[2] if cluster else {})}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -91,7 +93,7 @@ def new_trainer(spec, cluster):
         "image": spec.container_image,
         "command": list(CHANGE_DIR),
         "args": torchrun.trainer_argv(spec),
-        "env": trainer_env(spec),
+        "env": trainer_env(spec, cluster),
         "numNodes": nodes,
         "numProcPerNode": per_node,
         "resourcesPerNode": {
@@ -114,6 +116,9 @@ def new_pod_patch(spec, cluster):
         "volumes": [{"name": "job", "configMap": {"name": script_configmap_name(spec), "defaultMode": 0o444}},
                     {"name": "work", "emptyDir": {}}],
     }
+    volumes, mounts, _ = artifacts_volume(spec, cluster)
+    pod["containers"][0]["volumeMounts"] += mounts
+    pod["volumes"] += volumes
     if cluster.node_selector:
         pod["nodeSelector"] = dict(cluster.node_selector)
     if cluster.tolerations:

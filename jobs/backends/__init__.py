@@ -86,4 +86,17 @@ def job_spec(job):
         launcher=job.launcher,
         gpu_binding=tuple(tuple(indices) for indices in
                           job.allocations.order_by("position").values_list("gpu_indices", flat=True)),
+        checkpoint=checkpoint_source(job),
     )
+
+
+def checkpoint_source(job):
+    """(folder on this machine, name) of the parent's artifact a rerun from checkpoint starts
+    from (JobSpec.checkpoint), or None."""
+    if not job.checkpoint or job.parent_id is None or job.parent.artifacts_deleted_at is not None:
+        return None
+    try:
+        folder = of(job.parent).artifacts_root(job.parent)
+    except UnknownBackend:
+        return None
+    return (str(folder), job.checkpoint) if folder is not None else None

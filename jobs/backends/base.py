@@ -2,13 +2,15 @@
 
 A backend is a class in its own module under jobs/backends/, enabled by listing its dotted path
 in settings.RINGMASTER_BACKENDS (jobs.backends loads them, as django.contrib.auth loads
-AUTHENTICATION_BACKENDS). It answers for its jobs in four places, and nowhere else does the
+AUTHENTICATION_BACKENDS). It answers for its jobs in five places, and nowhere else does the
 portal ask which backend a job has:
 
 - submission: its own fields and limits (clean), what they become on the Job (job_fields);
 - admission: how many GPUs it can hold (capacity), why a job waits, and what an admitted job
   holds until it ends (admission(), release());
 - running: the runner and what a launch leaves behind (runner(), after_launch());
+- artifacts: where the portal reads the files a job writes (artifacts_root()), how it brings
+  them there within the owner's storage quota (collect_artifacts()) and deletes them;
 - the job page: links it adds, and the object it creates for a job (document()).
 
 What it owns besides: a periodic health check that beat runs only while it is enabled
@@ -16,10 +18,16 @@ What it owns besides: a periodic health check that beat runs only while it is en
 where its package is a Django app (an apps.py or a models.py beside it), its models, migrations
 and admin, installed only while it is enabled (portal.settings.backend_apps).
 """
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
 
 from jobs.backends.waits import Wait
+from jobs.installation import installation_id
 from jobs.models import Image, gpus_in_use
+from runners import artifacts
 from runners.gpus import matches
 
 
@@ -299,6 +307,37 @@ class Backend:
     def watch_hosts(self, job):
         """Look at the hosts of a running elastic job (its follower asks every few seconds) and
         record a lost one, for the scheduler to drop (Admission.lost)."""
+
+    # --- artifacts (the files a job writes under RINGMASTER_OUTPUT_DIR) -----------------------
+    # Whether a running job's artifacts can be brought back on request ("Fetch now"); False where
+    # artifacts_root already shows them as they are written.
+    fetches_artifacts = False
+    # What the job page says where this backend keeps no artifacts for the portal ("": it does).
+    artifacts_note = ""
+    # Whether its runner puts a rerun's checkpoint (JobSpec.checkpoint) in the job's folder.
+    takes_checkpoints = False
+
+    def artifacts_root(self, job):
+        """The folder on the portal's machine that holds `job`'s artifacts (runners.artifacts
+        reads it), or None where the portal keeps none: by default the portal's own storage for
+        the job (RINGMASTER_ARTIFACTS_DIR, named by the installation's id and the job's), where
+        collect_artifacts brings them; no job's sandbox sees it."""
+        return Path(settings.RINGMASTER_ARTIFACTS_DIR) / f"rm-{installation_id()}-{job.pk}"
+
+    def collect_artifacts(self, job, room):
+        """Bring `job`'s artifacts into artifacts_root, at most `room` bytes (None: no limit).
+        Returns (bytes kept, why not all were kept or "")."""
+        root = self.artifacts_root(job)
+        kept = artifacts.total_size(root) if root is not None else 0
+        if room is not None and kept > room:
+            return kept, f"the job's artifacts ({kept} bytes) exceed the owner's storage quota"
+        return kept, ""
+
+    def delete_artifacts(self, job):
+        """Delete what artifacts_root holds of `job` (retention)."""
+        root = self.artifacts_root(job)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     # --- the capacity page -----------------------------------------------------------------------
     def capacity_table(self):

@@ -130,6 +130,7 @@ def cluster_spec(cluster, group=None, user=None):
         clean_pod_policy=cluster.clean_pod_policy,
         backoff_limit=cluster.backoff_limit,
         ttl_seconds_after_finished=cluster.ttl_seconds_after_finished,
+        artifacts_volume=cluster.artifacts_volume,
     )
 
 

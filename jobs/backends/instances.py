@@ -20,7 +20,7 @@ from jobs.backends.base import Admission, Backend, CapacityTable, interpreter_pr
 from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
 from jobs.backends.waits import Wait
 from runners.gpus import matches
-from jobs.models import Instance, SlotAllocation
+from jobs.models import Instance, Job, SlotAllocation
 from jobs.secrets import SecretError
 
 log = logging.getLogger(__name__)
@@ -347,6 +347,22 @@ class InstancesBackend(Backend):
             connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS,
         )
 
+    fetches_artifacts = True
+
+    def collect_artifacts(self, job, room):
+        """Bring the job's output folder back from the instance that ran its launcher, over SFTP
+        (only that host's: ranks on other hosts write to their own), into the portal's storage."""
+        instance = job.artifacts_instance
+        if instance is None:
+            return super().collect_artifacts(job, room)
+        from jobs.backends import job_spec
+        runner = ssh.SSHRunner([host_of(instance)], connect_timeout=settings.RINGMASTER_SSH_CONNECT_TIMEOUT_SECONDS)
+        root = self.artifacts_root(job)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        kept, note = runner.fetch_artifacts(job_spec(job), root, room)
+        remember_host_keys(runner)
+        return kept, note
+
     def watch_hosts(self, job):
         """Check the instances the job runs on besides its first; one that stopped answering is
         recorded unhealthy, and the scheduler drops it from the job at once."""
@@ -359,6 +375,10 @@ class InstancesBackend(Backend):
         """Keep what a launch learned: new host keys; an instance it could not reach or use gets
         no more jobs until a health check passes."""
         remember_host_keys(runner)
+        first = Instance.objects.filter(name=runner.first.name).first()
+        if first is not None:           # where its artifacts are brought back from
+            Job.objects.filter(pk=job.pk).update(artifacts_instance=first)
+            job.artifacts_instance = first
         if isinstance(error, ssh.InstanceError):
             for host in runner.hosts:
                 if str(error).startswith(host.where()):

@@ -95,6 +95,11 @@ class KubernetesBackend(Backend):
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
+    artifacts_note = ("The portal keeps no artifacts of Kubernetes jobs: what a job writes stays on its cluster's "
+                      "artifacts volume, where the admin names one (deploy/KUBERNETES.md).")
+
+    def artifacts_root(self, job):
+        return None
 
     def periodic_check(self):
         """Whether every enabled cluster is reachable, and whether Kueue runs there (kept on the

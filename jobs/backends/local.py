@@ -24,9 +24,10 @@ _cache, _cache_lock = {}, threading.Lock()
 
 
 def job_sandbox():
-    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data and jobs
-    folders, on the network RINGMASTER_JOB_NETWORK says."""
-    return sandbox.find(settings.RINGMASTER_LOCAL_SANDBOX, (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR),
+    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data, jobs and
+    artifacts folders, on the network RINGMASTER_JOB_NETWORK says."""
+    hidden = (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR, settings.RINGMASTER_ARTIFACTS_DIR)
+    return sandbox.find(settings.RINGMASTER_LOCAL_SANDBOX, hidden,
                         os.path.expanduser("~"), settings.RINGMASTER_JOB_NETWORK)
 
 
@@ -171,6 +172,13 @@ class LocalBackend(Backend):
 
     def release(self, job_id):
         release_slots(job_id)
+
+    takes_checkpoints = True
+
+    def artifacts_root(self, job):
+        """The job's own output folder: its ranks write there, the portal reads it in place."""
+        from jobs.backends import job_spec
+        return LocalRunner(settings.RINGMASTER_JOBS_DIR).output_dir(job_spec(job))
 
     def runner(self, job):
         return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI,

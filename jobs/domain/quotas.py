@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from jobs.backends.waits import Wait, number, refusal as refusal_words
-from jobs.domain import accounting
+from jobs.domain import accounting, artifacts
 from jobs.models import ACTIVE_STATES, Job, Quota, UserSettings, in_use_expression
 
 LIMIT_NAMES = ("gpus", "jobs", "gpus_per_job", "gpu_hours")
@@ -372,6 +372,7 @@ def summary(user):
         "limits": listed[0]["limits"],
         "use": listed[0]["use"],
         "scopes": listed,
+        "storage": artifacts.storage_summary(user),
     }
 
 

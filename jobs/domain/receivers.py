@@ -27,3 +27,10 @@ def tell_the_owner_a_job_ended(sender, instance, created, **kwargs):
     owner, in the transaction that ends it: sent once it commits, and only then."""
     if created and instance.state in TERMINAL_STATES:
         notifications.job_ended(instance.job)
+
+
+@receiver(post_save, sender=JobEvent)
+def bring_back_the_artifacts_of_a_job_that_ended(sender, instance, created, **kwargs):
+    """A job's end queues the bring-back of its artifacts (and the count of their size)."""
+    if created and instance.state in TERMINAL_STATES:
+        taskqueue.collect_artifacts(instance.job_id)

@@ -29,12 +29,14 @@ def visible_scripts(user):
     return Script.objects.filter(Q(owner=user) | Q(owner__isnull=True))
 
 
-def submit(user, form, parent=None):
+def submit(user, form, parent=None, checkpoint=""):
     """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it. `parent`:
-    the job it reruns, one the user can see (the rerun view's; the page form cleans its own)."""
+    the job it reruns, one the user can see (the rerun view's; the page form cleans its own);
+    `checkpoint`: the parent's artifact it starts from (RINGMASTER_CHECKPOINT)."""
     fields = form.job_fields()
     if parent is not None:
         fields["parent"] = parent
+        fields["checkpoint"] = checkpoint
     upload = form.cleaned_data.get("script_file")
     with transaction.atomic():
         if upload:
@@ -60,6 +62,8 @@ def resubmit_data(job, user=None):
         data["tags"] = list(job.tags)       # a rerun is found by the same tags; its note is its own
     if job.max_gpus:
         data["max_gpus"] = job.max_gpus      # a rerun of an elastic job is elastic too
+    if job.checkpoint_pattern:
+        data["checkpoint_pattern"] = job.checkpoint_pattern
     if job.charged_group_id:
         data["group"] = job.charged_group.name
     try:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.web import api, backend_api, compare_views
+from jobs.web import api, artifact_api, backend_api, compare_views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -11,6 +11,12 @@ urlpatterns = [
     path("jobs/<id:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
     path("jobs/<id:job_id>/logs/", api.JobLogs.as_view(), name="api-job-logs"),
     path("jobs/<id:job_id>/metrics/", api.JobMetrics.as_view(), name="api-job-metrics"),
+    path("jobs/<id:job_id>/artifacts/", artifact_api.ArtifactList.as_view(), name="api-job-artifacts"),
+    path("jobs/<id:job_id>/artifacts.tar.gz", artifact_api.ArtifactArchive.as_view(), name="api-job-artifact-archive"),
+    path("jobs/<id:job_id>/artifacts/fetch/", artifact_api.ArtifactFetch.as_view(), name="api-job-artifact-fetch"),
+    path("jobs/<id:job_id>/artifacts/<path:name>", artifact_api.ArtifactFile.as_view(), name="api-job-artifact"),
+    path("jobs/<id:job_id>/rerun-from-checkpoint/", artifact_api.RerunFromCheckpoint.as_view(),
+         name="api-job-rerun-from-checkpoint"),
     path("quota/", api.QuotaView.as_view(), name="api-quota"),
     path("backends/", backend_api.BackendList.as_view(), name="api-backends"),
     path("compare/", compare_views.CompareView.as_view(), name="api-compare"),

@@ -256,6 +256,11 @@ class JobForm(forms.Form):
                                   help_text="Staff only. Higher runs first; default 0.")
     tags = TagListField(required=False)
     note = NoteField()
+    checkpoint_pattern = forms.CharField(
+        max_length=200, required=False, label="Checkpoint pattern",
+        help_text="A glob naming the job's checkpoints among the files it writes under "
+                  "RINGMASTER_OUTPUT_DIR, e.g. *.pt; a rerun from checkpoint gets the newest in "
+                  "RINGMASTER_CHECKPOINT.")
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -440,7 +445,14 @@ class JobForm(forms.Form):
             "priority": data.get("priority") or 0,   # absent on a non-staff user's page
             "tags": data.get("tags") or [],
             "note": data.get("note") or "",
+            "checkpoint_pattern": data.get("checkpoint_pattern") or "",
         }
+
+    def clean_checkpoint_pattern(self):
+        pattern = (self.cleaned_data.get("checkpoint_pattern") or "").strip()
+        if "\0" in pattern or pattern.startswith("/") or ".." in pattern.split("/"):
+            raise forms.ValidationError("A checkpoint pattern is a glob relative to the output folder, e.g. *.pt.")
+        return pattern
 
 
 class JobNotesForm(forms.Form):

@@ -52,7 +52,8 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
             "args", "env", "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
-            "gpu_seconds", "tags", "note", "url",
+            "gpu_seconds", "tags", "note", "checkpoint_pattern", "checkpoint", "artifacts_bytes", "artifacts_note",
+            "url",
         ]
 
     def get_queue_position(self, job) -> int | None:
@@ -134,6 +135,9 @@ class JobCreateRequest(serializers.Serializer):
     priority = serializers.IntegerField(required=False, help_text="Staff only; higher runs first (default 0).")
     tags = tags_field()
     note = note_field()
+    checkpoint_pattern = serializers.CharField(
+        required=False, help_text="A glob (e.g. *.pt) naming checkpoints among the job's artifacts; "
+                                  "POST /api/jobs/<id>/rerun-from-checkpoint/ starts from the newest.")
 
     def get_fields(self):
         """With the enabled backends' own fields (Backend.api_fields, e.g. kubernetes' cluster)."""
@@ -171,6 +175,8 @@ class QuotaSerializer(serializers.Serializer):
     limits = serializers.DictField(help_text="Your own limits on all backends (the first scope).")
     use = serializers.DictField()
     scopes = QuotaScopeSerializer(many=True)
+    storage = serializers.DictField(help_text="Artifacts of your jobs kept now (used_bytes) and the most they may "
+                                              "take (limit_bytes; null: no limit).")
 
 
 class ScriptUploadRequest(serializers.Serializer):

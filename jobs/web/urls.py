@@ -2,7 +2,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs.web import compare_views, joblist, settings_views, usage_views, views
+from jobs.web import artifact_views, compare_views, joblist, settings_views, usage_views, views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -16,6 +16,11 @@ urlpatterns = [
     path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
     path("jobs/<id:job_id>/notes/", views.job_notes, name="job-notes"),
+    path("jobs/<id:job_id>/artifacts.tar.gz", artifact_views.artifact_archive, name="job-artifact-archive"),
+    path("jobs/<id:job_id>/artifacts/fetch/", artifact_views.artifact_fetch, name="job-artifact-fetch"),
+    path("jobs/<id:job_id>/artifacts/<path:name>", artifact_views.artifact_file, name="job-artifact"),
+    path("jobs/<id:job_id>/rerun-from-checkpoint/", artifact_views.rerun_from_checkpoint,
+         name="job-rerun-from-checkpoint"),
     path("compare/", compare_views.compare_page, name="compare"),
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("settings/", settings_views.settings_page, name="settings"),

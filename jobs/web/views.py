@@ -8,11 +8,14 @@ from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs.domain import logquery, scheduler, services
+from jobs.domain import artifacts, logquery, scheduler, services
 from jobs.domain.services import visible_jobs
 from jobs import backends
 from jobs.web.forms import JobForm, JobNotesPageForm
 from jobs.web.pageform import JobPageForm
+
+# The job page lists this many artifacts; the archive holds them all.
+MAX_ARTIFACTS_SHOWN = 200
 
 
 @login_required
@@ -60,6 +63,11 @@ def _job_page(request, job, notes_form, status=200):
         "queue_position": scheduler.queue_position(job),
         "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
         "notes_form": notes_form,
+        "artifacts": artifacts.listing(job)[:MAX_ARTIFACTS_SHOWN + 1],
+        "max_artifacts_shown": MAX_ARTIFACTS_SHOWN,
+        "artifacts_note": artifacts.note(job),
+        "fetches_artifacts": artifacts.fetches(job) and not job.is_terminal,
+        "checkpoint": artifacts.newest_checkpoint(job),
     }, status=status)
 
 

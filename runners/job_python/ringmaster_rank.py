@@ -43,6 +43,8 @@ MAP_FILE = "RINGMASTER_GPU_MAP_FILE"
 # Where a host's ranks start in groups (an elastic torchrun job: an agent of one worker per GPU),
 # the position of the group's first GPU among the host's: its workers see from there on.
 SLOT = "RINGMASTER_SLOT"
+# Where the job's ranks write their artifacts: made here, as the job, before its script runs.
+OUTPUT_DIR = "RINGMASTER_OUTPUT_DIR"
 
 
 def indices_for(mapping, host):
@@ -196,6 +198,11 @@ def run_recorded(argv):
 def main():
     argv = read_argv()
     bind_gpus(os.environ)
+    if os.environ.get(OUTPUT_DIR):
+        try:
+            os.makedirs(os.environ[OUTPUT_DIR], mode=0o700, exist_ok=True)
+        except OSError as exc:        # the script still runs; it finds no folder there
+            print(f"ringmaster: cannot make {OUTPUT_DIR} {os.environ[OUTPUT_DIR]}: {exc}", file=sys.stderr)
     if os.environ.get(PREFIX_OUTPUT) == "1":
         prefix_output(os.environ.get("RANK", "?"))
         run_recorded(argv)

@@ -1,5 +1,5 @@
 """set_quota (--user U | --group G) [--gpus N] [--jobs N] [--gpus-per-job N]
-[--gpu-hours H --window-days D] [--backend B]
+[--gpu-hours H --window-days D] [--storage-gb N] [--backend B]
 
 Creates or changes one quota row. A limit given as "default" is emptied (for a user: back to the
 site default; for a group: no limit). Limits not given stay as they are.
@@ -16,7 +16,8 @@ from jobs.domain.quotas import describe_limits, limits_of, site_default
 
 LIMITS = [("gpus", int, "GPUs in use at once"), ("jobs", int, "jobs running at once"),
           ("gpus_per_job", int, "GPUs of one job"), ("gpu_hours", float, "GPU-hours in the window"),
-          ("window_days", int, "length of the GPU-hours window in days")]
+          ("window_days", int, "length of the GPU-hours window in days"),
+          ("storage_gb", float, "GB of artifacts a user's jobs keep at once (a user's all-backends row only)")]
 
 
 def limit_parser(kind, name):
@@ -54,6 +55,8 @@ class Command(BaseCommand):
                 except ValueError as exc:
                     raise CommandError(str(exc))
         lookup, label = self._who(options)
+        if "storage_gb" in values and ("user" not in lookup or options["backend"]):
+            raise CommandError("--storage-gb is a user's limit on all backends together: give --user, no --backend")
         with transaction.atomic():
             quota = Quota.objects.select_for_update().filter(**lookup, backend=options["backend"]).order_by().first()
             created = quota is None
@@ -71,7 +74,8 @@ class Command(BaseCommand):
         base = site_default() if quota.user_id and not quota.backend else None
         where = f" on {quota.backend}" if quota.backend else ""
         self.stdout.write(f"{'created' if created else 'updated'} quota of {label}{where}: "
-                          f"{describe_limits(limits_of(quota, base))}")
+                          f"{describe_limits(limits_of(quota, base))}"
+                          + (f"; artifact storage {quota.storage_gb:g} GB" if quota.storage_gb is not None else ""))
 
     def _who(self, options):
         if options["user"] is not None:
