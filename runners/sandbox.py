@@ -91,10 +91,15 @@ class Sandbox:
                 if not any(Path(folder).is_relative_to(h) for h in hidden):
                     argv += ["--tmpfs", folder]
                     hidden.append(folder)
-        for folder in self.hide:
-            if Path(folder).is_dir():
-                hidden.append(str(Path(folder).resolve()))
-                argv += ["--tmpfs", hidden[-1]]
+        # Outer folders first; one inside another of them is hidden with it (a tmpfs of its own
+        # would leave its name showing there, as the mount point bwrap makes for it).
+        folders = {str(Path(folder).resolve()) for folder in self.hide if Path(folder).is_dir()}
+        emptied = []
+        for folder in sorted(folders, key=lambda folder: len(Path(folder).parts)):
+            hidden.append(folder)
+            if not any(Path(folder).is_relative_to(outer) for outer in emptied):
+                emptied.append(folder)
+                argv += ["--tmpfs", folder]
         for path in [*HIDDEN_FILES, *(os.path.join(self.home, name) for name in HIDDEN_IN_HOME if self.home)]:
             if os.path.isdir(path):
                 argv += ["--tmpfs", path]

@@ -49,6 +49,16 @@ def test_a_folder_that_holds_a_hidden_one_is_never_shown_again(tmp_path):
     assert result.stdout.strip() == "done", result.stdout
 
 
+def test_a_hidden_folder_inside_another_leaves_no_name_showing_there(tmp_path):
+    data, job = tmp_path / "data", tmp_path / "job"
+    (data / "artifacts").mkdir(parents=True), job.mkdir()
+    (data / "artifacts" / "secret").write_text("another job's file")
+    sandbox = Sandbox(shutil.which("bwrap"), (str(data), str(data / "artifacts")), "")
+    result = run_in(sandbox, job, ["/bin/sh", "-c", f"ls -A {data}; cat {data}/artifacts/secret; echo done"],
+                    keep=("/", "/etc"))
+    assert result.stdout.strip() == "done", result.stdout
+
+
 def test_the_local_runner_keeps_its_interpreters_environment_and_job_python():
     spec = JobSpec(job_id=1, gpus=1, python=sys.executable, script_name="t.py", script_content="", script_path=None)
     needs = LocalRunner("/nonexistent", sandbox=None)._needs(spec)
