@@ -114,7 +114,8 @@ def main():
     common.setup()
     from django.db.models import Q
 
-    from jobs.models import Cluster, Image, Job, LogLine, State
+    from jobs.backends.kubernetes.models import Cluster
+    from jobs.models import Image, Job, LogLine, State
 
     common.header(f"followers: {args.jobs} MPIJobs printing a line a second, one worker")
     print(f"load before: {common.machine()}")

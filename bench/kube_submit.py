@@ -88,8 +88,9 @@ def main():
     from kubernetes import client, config
 
     common.setup()
-    from jobs.backends.clusters import render
-    from jobs.models import Cluster, Image, Job
+    from jobs.backends.kubernetes.clusters import render
+    from jobs.backends.kubernetes.models import Cluster
+    from jobs.models import Image, Job
     from tests.fakekube import FakeKube, Scenario
 
     common.header(f"kube_submit: POST /api/jobs/ -> MPIJob created at the API server, {args.jobs} jobs")
@@ -113,7 +114,7 @@ def main():
         # Interleaved, so both see the same machine: a portal job, then a bare create of its MPIJob.
         for i in range(args.jobs + 5):                  # the first 5 warm up (imports, connections)
             job_id, (answer, admit, latency) = portal_one(session, recorder)
-            body = copy.deepcopy(render(Job.objects.select_related("cluster", "image", "script").get(pk=job_id)))
+            body = copy.deepcopy(render(Job.objects.select_related("image", "script").get(pk=job_id)))
             body["metadata"]["name"] = f"bare-{job_id}"
             bare_latency = bare_one(api, body)
             if i >= 5:

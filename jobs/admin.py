@@ -8,11 +8,10 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
 from jobs import backends
-from jobs.backends.admin_forms import ClusterForm, InstanceForm, QueueMappingForm
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
 from jobs.models import (
-    Cluster, Image, Instance, Job, JobEvent, NotifyAllowedNetwork, QueueMapping, Quota, Script, State, UserSettings,
+    Image, Job, JobEvent, NotifyAllowedNetwork, Quota, Script, State, UserSettings,
 )
 
 
@@ -176,95 +175,6 @@ class RingmasterUserAdmin(UserAdmin):
 @admin.register(Group)
 class RingmasterGroupAdmin(GroupAdmin):
     inlines = [*GroupAdmin.inlines, QuotaInline]
-
-
-def report_checks(model_admin, request, queryset, check, words):
-    """Run `check(obj) -> (ok, what)` on each selected row and say how each went."""
-    for obj in queryset:
-        ok, what = check(obj)
-        model_admin.message_user(request, f"{obj.name}: {words[0] if ok else words[1]}: {what}",
-                                 messages.SUCCESS if ok else messages.WARNING)
-
-
-@admin.register(Instance)
-class InstanceAdmin(admin.ModelAdmin):
-    form = InstanceForm
-    list_display = ["name", "host", "port", "user", "gpus", "slots_in_use", "gpus_seen", "labels", "enabled",
-                    "healthy", "health_reason", "health_checked_at"]
-    list_filter = ["enabled", "healthy"]
-    search_fields = ["name", "host", "labels"]
-    readonly_fields = ["healthy", "health_reason", "health_checked_at", "gpus_detected", "gpu_list",
-                       "host_key_fingerprint", "job_isolation"]
-    actions = ["check_health_now"]
-
-    @admin.display(description="slots in use")
-    def slots_in_use(self, obj):
-        return sum(a.slots for a in obj.allocations.all())
-
-    @admin.display(description="job isolation")
-    def job_isolation(self, obj):
-        from jobs.backends.instances import isolation_of
-
-        return isolation_of(obj)
-
-    @admin.display(description="GPUs seen")
-    def gpus_seen(self, obj):
-        return obj.gpus_seen()
-
-    @admin.display(description="GPUs (last health check)")
-    def gpu_list(self, obj):
-        if not obj.gpu_inventory:
-            return obj.gpus_seen()
-        in_use = {index for a in obj.allocations.all() for index in a.gpu_indices}
-        return format_html_join(mark_safe("<br>"), "{}: {}, {} MiB{} <small>{}</small>", (
-            (gpu["index"], gpu.get("name", "?"), gpu.get("memory_mib", "?"),
-             " (in use)" if gpu["index"] in in_use else "", gpu.get("uuid", ""))
-            for gpu in obj.gpu_inventory))
-
-    @admin.display(description="host key")
-    def host_key_fingerprint(self, obj):
-        from runners import ssh
-
-        return ssh.host_key_fingerprint(obj.host_key) if obj.host_key else "not recorded yet"
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).prefetch_related("allocations")
-
-    @admin.action(description="Check health now (over SSH)")
-    def check_health_now(self, request, queryset):
-        from jobs.backends import instances
-
-        report_checks(self, request, queryset, lambda instance: instances.check(instance, build=True),
-                      ("healthy", "unhealthy"))
-
-
-class QueueMappingInline(admin.TabularInline):
-    """Kueue queues of groups and users on the cluster (a user's own wins over their group's)."""
-    model = QueueMapping
-    form = QueueMappingForm
-    fields = ["group", "user", "queue"]
-    raw_id_fields = ["user"]
-    extra = 0
-    verbose_name = "Kueue queue of a group or user"
-    verbose_name_plural = "Kueue queues of groups and users (in place of the cluster's Kueue queue)"
-
-
-@admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
-    form = ClusterForm
-    inlines = [QueueMappingInline]
-    readonly_fields = ["kueue_found", "kueue_detail"]
-    list_display = ["name", "connection", "namespace", "gpus_per_node", "gpu_limit", "kueue_queue", "kueue_found",
-                    "enabled"]
-    list_filter = ["enabled", "connection"]
-    search_fields = ["name", "namespace"]
-    actions = ["check_now"]
-
-    @admin.action(description="Check now (list MPIJobs on the cluster)")
-    def check_now(self, request, queryset):
-        from jobs.backends import clusters
-
-        report_checks(self, request, queryset, clusters.check, ("ok", "failed"))
 
 
 @admin.register(NotifyAllowedNetwork)

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
-from runners import launchers, ssh
+from runners import launchers
 
 
 class Image(models.Model):
@@ -120,8 +120,6 @@ class Job(models.Model):
                                 help_text="What starts the job's ranks.")
     backend = models.CharField(max_length=20, default="local",
                                help_text="The name of an enabled backend (settings.RINGMASTER_BACKENDS).")
-    cluster = models.ForeignKey("Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
-                                help_text="Where a kubernetes job runs.")
     time_limit_minutes = models.PositiveIntegerField()
     gpu_model = models.CharField(max_length=100, blank=True, verbose_name="GPU model",
                                  help_text="Run only on GPUs whose name contains this (e.g. A100); blank: any.")
@@ -143,10 +141,6 @@ class Job(models.Model):
                                       help_text="Why the job's artifacts were not all kept (over the storage quota).")
     artifacts_deleted_at = models.DateTimeField(null=True, blank=True, editable=False,
                                                 help_text="When retention deleted the job's artifacts.")
-    artifacts_instance = models.ForeignKey("Instance", null=True, blank=True, on_delete=models.SET_NULL,
-                                           related_name="+", editable=False,
-                                           help_text="The instance that ran the job's launcher: where its "
-                                                     "artifacts are brought back from.")
 
     # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.
@@ -341,90 +335,23 @@ class UserSettings(models.Model):
         return f"settings of {self.user}"
 
 
-class Instance(models.Model):
-    """An interactive GPU machine the `instances` backend runs horovodrun on, over SSH.
-
-    Its login shell (or `setup`) must provide `python` and `horovodrun`. The private key is stored
-    encrypted (jobs.secrets) and never shown back. The host key is recorded the first time the
-    portal connects (trust on first use); a host that shows another key is refused.
-    """
-
-    name = models.CharField(max_length=100, unique=True)
-    host = models.CharField(max_length=255, help_text="Host name or address; also what horovodrun -H uses.")
-    port = models.PositiveIntegerField(default=22)
-    user = models.CharField(max_length=100)
-    gpus = models.PositiveIntegerField(verbose_name="GPUs", help_text="Slots this instance offers.")
-    labels = models.CharField(max_length=300, blank=True, help_text="Comma-separated, e.g. a100,nvlink.")
-    enabled = models.BooleanField(default=True)
-    private_key_encrypted = models.TextField(editable=False, blank=True)
-    host_key = models.CharField(max_length=2000, blank=True,
-                                help_text="Recorded on first connection; clear it to accept a new host key.")
-    setup = models.CharField(max_length=1000, blank=True,
-                             help_text="A /bin/sh line run before horovodrun, e.g. `. /opt/venv/bin/activate`.")
-    work_dir = models.CharField(max_length=500, default=".ringmaster/jobs",
-                                help_text="Where job directories go (relative: to the user's home). "
-                                          "Must be the same path on every instance of a multi-host job.")
-    peer_ssh_port = models.PositiveIntegerField(null=True, blank=True,
-                                                help_text="horovodrun -p: SSH port between instances.")
-    peer_ssh_key = models.CharField(max_length=500, blank=True,
-                                    help_text="horovodrun -i: key file, on the instance, to reach the others.")
-    network_interface = models.CharField(max_length=50, blank=True,
-                                         help_text="horovodrun --network-interface (e.g. eth0).")
-
-    healthy = models.BooleanField(default=False)
-    health_reason = models.CharField(max_length=500, blank=True, default="not checked yet")
-    health_checked_at = models.DateTimeField(null=True, blank=True)
-    gpus_detected = models.IntegerField(null=True, blank=True, help_text="From nvidia-smi, where present.")
-    gpu_inventory = models.JSONField(default=list, blank=True, editable=False,
-                                     help_text="The GPUs the last health check saw: index, name, memory (MiB), uuid.")
-    isolation = models.CharField(max_length=20, blank=True, default="", editable=False,
-                                 choices=list(ssh.ISOLATIONS.items()),
-                                 help_text="How jobs run there, from what its account can do (last health check).")
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self):
-        return self.name
-
-    def gpus_seen(self):
-        """The GPUs the last health check saw, by model: "2 × NVIDIA A100-SXM4-40GB (40960 MiB)"."""
-        if not self.gpu_inventory:
-            return "none seen" if self.health_checked_at else "not checked yet"
-        models_seen = {}
-        for gpu in self.gpu_inventory:
-            key = (gpu.get("name", "?"), gpu.get("memory_mib"))
-            models_seen[key] = models_seen.get(key, 0) + 1
-        return ", ".join(f"{count} × {name}" + (f" ({memory} MiB)" if memory else "")
-                         for (name, memory), count in models_seen.items())
-
-    def set_private_key(self, text):
-        from jobs.secrets import encrypt
-
-        self.private_key_encrypted = encrypt(text)
-
-    def private_key(self):
-        from jobs.secrets import decrypt
-
-        return decrypt(self.private_key_encrypted, f"the SSH key of instance {self.name}",
-                       f"store its SSH key again (the admin's Instances, or manage.py add_instance --name {self.name} ...)")
-
-
 class SlotAllocation(models.Model):
-    """GPU slots a job holds on one host, from admission until the job ends (any way): an
-    instance, or this machine (instance null). `gpu_indices` are the nvidia-smi indices the job
-    owns there (its ranks on that host see only these: CUDA_VISIBLE_DEVICES); empty where the
-    host has no GPUs the portal could see (CPU slots)."""
+    """GPU slots a job holds on one host, from admission until the job ends (any way): a host of
+    its backend (an instance: `host_id` is the id of the backend's own row), or this machine
+    (host_id null). `gpu_indices` are the nvidia-smi indices the job owns there (its ranks on
+    that host see only these: CUDA_VISIBLE_DEVICES); empty where the host has no GPUs the portal
+    could see (CPU slots)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
-    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.PROTECT, related_name="allocations")
+    host_id = models.BigIntegerField(null=True, blank=True, db_column="instance_id",
+                                          help_text="The backend's host row (an Instance); empty: this machine.")
     slots = models.PositiveIntegerField()
     position = models.PositiveSmallIntegerField(help_text="0: the host that runs horovodrun.")
     gpu_indices = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["job", "position"]
-        constraints = [models.UniqueConstraint(fields=["job", "instance"], name="slots_once_per_job_instance")]
+        constraints = [models.UniqueConstraint(fields=["job", "host_id"], name="slots_once_per_job_instance")]
 
 
 class SystemSample(models.Model):
@@ -445,127 +372,6 @@ class SystemSample(models.Model):
     class Meta:
         ordering = ["job", "ts", "id"]
         indexes = [models.Index(fields=["job", "id"], name="system_sample_job")]
-
-
-class Cluster(models.Model):
-    """A Kubernetes cluster with the Kubeflow MPI operator, where `kubernetes` jobs run as MPIJobs.
-
-    The portal connects with its own service account (in-cluster) or with a kubeconfig, stored
-    encrypted (jobs.secrets) and never shown back. What the MPIJobs look like on it (namespace,
-    GPUs per node, placement, resources, run policy) is set here, per cluster.
-    """
-
-    class Connection(models.TextChoices):
-        KUBECONFIG = "kubeconfig", "A kubeconfig (stored encrypted)"
-        IN_CLUSTER = "in-cluster", "The portal's own service account (it runs in this cluster)"
-
-    class MPIJobCommand(models.TextChoices):
-        MPIRUN = "mpirun", "mpirun --tag-output (as mpi-operator's examples)"
-        HOROVODRUN = "horovodrun", "horovodrun"
-
-    class CleanPodPolicy(models.TextChoices):
-        RUNNING = "Running", "Running: delete the workers still running when the job ends"
-        ALL = "All", "All: delete every worker when the job ends"
-        NONE = "None", "None: keep the workers"
-
-    name = models.CharField(max_length=100, unique=True)
-    enabled = models.BooleanField(default=True)
-    connection = models.CharField(max_length=20, choices=Connection.choices, default=Connection.KUBECONFIG)
-    kubeconfig_encrypted = models.TextField(editable=False, blank=True)
-    context = models.CharField(max_length=200, blank=True, help_text="kubeconfig context; empty: its current one.")
-    namespace = models.CharField(
-        max_length=63, default="default",
-        help_text="Where MPIJobs go. {group} stands for the job's group (one namespace per group), "
-                  "e.g. team-{group}.")
-    gpus_per_node = models.PositiveIntegerField(verbose_name="GPUs per node", validators=[MinValueValidator(1)],
-                                                help_text="A job is split into workers of at most this many GPUs.")
-    node_selector = models.JSONField(default=dict, blank=True, help_text='For worker pods, e.g. {"gpu": "a100"}.')
-    tolerations = models.JSONField(default=list, blank=True,
-                                   help_text='For all pods, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists"}].')
-    priority_class = models.CharField(max_length=253, blank=True, help_text="priorityClassName of every pod.")
-    kueue_queue = models.CharField(max_length=63, blank=True, verbose_name="Kueue queue",
-                                   help_text="Sets the kueue.x-k8s.io/queue-name label: Kueue admits the jobs. "
-                                             "The default LocalQueue; groups and users may have their own "
-                                             "(Kueue queues below).")
-    kueue_found = models.BooleanField(null=True, editable=False, verbose_name="Kueue found",
-                                      help_text="Whether the last check found Kueue (its Workload kind) on the "
-                                                "cluster; empty: not checked yet.")
-    kueue_detail = models.CharField(max_length=300, blank=True, editable=False, verbose_name="Kueue check",
-                                    help_text="What the last check found of Kueue.")
-    mpijob_command = models.CharField(max_length=20, choices=MPIJobCommand.choices, default=MPIJobCommand.MPIRUN,
-                                      verbose_name="MPIJob command",
-                                      help_text="What the MPIJob's launcher pod runs to start a Horovod job's ranks.")
-    training_runtime = models.CharField(
-        max_length=253, default="torch-distributed",
-        help_text="The ClusterTrainingRuntime (Kubeflow Trainer) that torchrun jobs' TrainJobs reference.")
-    artifacts_volume = models.CharField(
-        max_length=253, blank=True, validators=[RegexValidator(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-                                                               "A PersistentVolumeClaim's name (DNS-1123).")],
-        help_text="A PersistentVolumeClaim in the job's namespace that its pods mount as RINGMASTER_OUTPUT_DIR, "
-                  "each job under a sub-path of its own name; empty: none.")
-    cpu_per_gpu = models.FloatField(default=4, validators=[MinValueValidator(0.1)], verbose_name="CPUs per GPU")
-    memory_per_gpu_gib = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)],
-                                                     verbose_name="memory per GPU (GiB)")
-    clean_pod_policy = models.CharField(max_length=10, choices=CleanPodPolicy.choices, default=CleanPodPolicy.RUNNING)
-    backoff_limit = models.PositiveIntegerField(
-        default=0, help_text="Launcher retries after a failure (each retry is a new launcher pod).")
-    ttl_seconds_after_finished = models.PositiveIntegerField(default=3600)
-    image_pull_grace_seconds = models.PositiveIntegerField(
-        default=300, help_text="A job whose image cannot be pulled fails after this long.")
-    gpu_limit = models.PositiveIntegerField(
-        null=True, blank=True, verbose_name="GPUs at once",
-        help_text="The most GPUs of this cluster's launching and running jobs together; more wait in "
-                  "Ringmaster's queue. Empty: no limit (the cluster's scheduler or Kueue queues them).")
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self):
-        return self.name
-
-    def set_kubeconfig(self, text):
-        from jobs.secrets import encrypt
-
-        self.kubeconfig_encrypted = encrypt(text)
-
-    def kubeconfig(self):
-        from jobs.secrets import decrypt
-
-        if not self.kubeconfig_encrypted:
-            return ""
-        return decrypt(self.kubeconfig_encrypted, f"the kubeconfig of cluster {self.name}",
-                       f"store its kubeconfig again (the admin's Clusters, or manage.py add_cluster --name {self.name} ...)")
-
-
-class QueueMapping(models.Model):
-    """The Kueue LocalQueue a group's or a user's jobs on a cluster go to, in place of the
-    cluster's default (Cluster.kueue_queue). A user's own mapping wins over their group's
-    (jobs.backends.clusters.queue_for). The LocalQueue may sit in the group's namespace."""
-
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="queue_mappings")
-    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
-                             related_name="+")
-    queue = models.CharField(max_length=63, verbose_name="LocalQueue",
-                             help_text="The kueue.x-k8s.io/queue-name label of these jobs.")
-
-    class Meta:
-        ordering = ["cluster__name", "group__name", "user__username"]
-        constraints = [
-            models.CheckConstraint(
-                condition=(Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False)),
-                name="queue_mapping_user_xor_group",
-                violation_error_message="Give a user or a group, not both.",
-            ),
-            models.UniqueConstraint(fields=["cluster", "user"], condition=Q(user__isnull=False),
-                                    name="queue_mapping_once_per_cluster_user"),
-            models.UniqueConstraint(fields=["cluster", "group"], condition=Q(group__isnull=False),
-                                    name="queue_mapping_once_per_cluster_group"),
-        ]
-
-    def __str__(self):
-        who = f"user {self.user}" if self.user_id else f"group {self.group}"
-        return f"{who} on {self.cluster}: {self.queue}"
 
 
 class Installation(models.Model):

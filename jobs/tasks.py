@@ -59,7 +59,7 @@ def check_notifications():
 @shared_task
 def collect_artifacts(job_id):
     """Bring one job's artifacts back (its end, or "Fetch now" while it runs)."""
-    job = Job.objects.select_related("owner", "artifacts_instance").filter(pk=job_id).first()
+    job = Job.objects.select_related("owner").filter(pk=job_id).first()
     if job is not None:
         artifacts.collect(job)
         if job.is_terminal:

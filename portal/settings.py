@@ -273,8 +273,8 @@ RINGMASTER_INSTALLATION_ID = os.environ.get("RINGMASTER_INSTALLATION_ID", "")
 # The enabled backends, by dotted path (jobs.backends.base.Backend subclasses): a job's `backend`
 # is one of their names. Space- or comma-separated in the environment; a value that starts with
 # "+" adds its paths to the default three.
-DEFAULT_BACKENDS = ["jobs.backends.local.LocalBackend", "jobs.backends.instances.InstancesBackend",
-                    "jobs.backends.kubernetes.KubernetesBackend"]
+DEFAULT_BACKENDS = ["jobs.backends.local.LocalBackend", "jobs.backends.instances.backend.InstancesBackend",
+                    "jobs.backends.kubernetes.backend.KubernetesBackend"]
 
 
 def enabled_backends(value):

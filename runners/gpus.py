@@ -129,6 +129,15 @@ def run_local(argv, timeout=10.0):
     return done.stdout
 
 
+def local_inventory(nvidia_smi="nvidia-smi"):
+    """([Gpu] this machine's nvidia-smi lists ([] where it is absent), "" or why it failed)."""
+    try:
+        out = run_local(inventory_argv(nvidia_smi))
+        return (parse_inventory(out) if out is not None else []), ""
+    except GpuQueryError as exc:
+        return [], str(exc)
+
+
 def matches(name, model):
     """Whether a GPU called `name` (e.g. "NVIDIA A100-SXM4-80GB") is of `model` ("a100")."""
     return model.strip().lower() in name.lower()

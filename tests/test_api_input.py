@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from jobs.models import Cluster, Job
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Job
 from tests import failing_urls
 
 pytestmark = pytest.mark.django_db

@@ -9,10 +9,12 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from jobs.backends.clusters import render
-from jobs.models import Cluster, Image, Job
+from jobs.backends.kubernetes.clusters import render
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job
 from runners import mpijob
 from tests.conftest import job_name
+from tests.clusterjobs import on_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -197,7 +199,7 @@ def test_the_job_form_offers_kubernetes_only_when_a_cluster_exists(client, make_
 
 def test_the_admin_never_shows_a_stored_kubeconfig(client, make_user, cluster):
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
-    page = client.get(f"/admin/jobs/cluster/{cluster.pk}/change/").content.decode()
+    page = client.get(f"/admin/kubernetes/cluster/{cluster.pk}/change/").content.decode()
     assert "s3cr3t-token-value" not in page and cluster.kubeconfig_encrypted not in page
 
 
@@ -230,8 +232,8 @@ def test_a_clusters_gpu_limit_holds_jobs_in_the_portals_queue_with_the_reason(al
     other = Cluster.objects.create(name="gpu-west", namespace="training", gpus_per_node=8)
 
     def job(on, gpus=2):
-        return Job.objects.create(owner=alice, image=k8s_image, gpus=gpus, script_path="/t.py", cluster=on,
-                                  backend="kubernetes", time_limit_minutes=5).pk
+        return on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=gpus, script_path="/t.py",
+                                             backend="kubernetes", time_limit_minutes=5), on).pk
 
     first, second, third, elsewhere = job(cluster), job(cluster), job(cluster), job(other, 8)
     assert sorted(scheduler.admit()) == sorted([first, second, elsewhere])
@@ -257,8 +259,8 @@ def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_u
     cluster.gpu_limit = 16
     cluster.save()
     for state in ("RUNNING", "LAUNCHING", "QUEUED", "SUCCEEDED"):
-        Job.objects.create(owner=alice, image=k8s_image, gpus=4, script_path="/t.py", cluster=cluster, state=state,
-                           backend="kubernetes", time_limit_minutes=5)
+        on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=4, script_path="/t.py", state=state,
+                                      backend="kubernetes", time_limit_minutes=5), cluster)
     client.force_login(make_user("root", is_staff=True))
     page = client.get("/capacity/").content.decode()
     row = page[page.index('data-cluster="gpu-east"'):].split("</tr>")[0]
@@ -268,7 +270,7 @@ def test_the_staff_cluster_page_shows_each_clusters_use_and_limit(client, make_u
 
 def test_the_admins_check_action_reports_an_unreachable_cluster(client, make_user, cluster):
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
-    page = client.post("/admin/jobs/cluster/", {"action": "check_now", "_selected_action": [cluster.pk]},
+    page = client.post("/admin/kubernetes/cluster/", {"action": "check_now", "_selected_action": [cluster.pk]},
                        follow=True).content.decode()
     assert "gpu-east: failed: cannot reach the api server: failed to establish a new connection: [errno 111] connection refused" in page.lower()
     assert "s3cr3t-token-value" not in page
@@ -309,7 +311,7 @@ def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_u
             "mpijob_command": "mpirun", "training_runtime": "torch-distributed", "cpu_per_gpu": "4", "memory_per_gpu_gib": "16", "clean_pod_policy": "Running",
             "backoff_limit": "0", "ttl_seconds_after_finished": "3600", "image_pull_grace_seconds": "300",
             field: value}
-    shown = _admin_errors(client, "/admin/jobs/cluster/add/", data)
+    shown = _admin_errors(client, "/admin/kubernetes/cluster/add/", data)
     path = tmp_path / "kubeconfig"
     path.write_text(kubeconfig())
     argv = {"--namespace": "training", "--gpus-per-node": "8", option: value}
@@ -321,10 +323,10 @@ def test_the_admin_and_add_cluster_give_one_verdict_from_one_form(client, make_u
 
 
 def test_the_admin_and_add_instance_refuse_a_key_that_is_not_one_alike(client, make_user, tmp_path):
-    from jobs.models import Instance
+    from jobs.backends.instances.models import Instance
 
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
-    shown = _admin_errors(client, "/admin/jobs/instance/add/", {
+    shown = _admin_errors(client, "/admin/instances/instance/add/", {
         "name": "gpu-a", "host": "127.0.0.2", "port": "22", "user": "root", "gpus": "2", "enabled": "on",
         "work_dir": ".ringmaster/jobs", "private_key": "not a key"})
     path = tmp_path / "key"
@@ -342,7 +344,7 @@ def test_add_instance_updates_the_instance_of_that_name_from_its_options(tmp_pat
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from jobs.models import Instance
+    from jobs.backends.instances.models import Instance
 
     path = tmp_path / "key"
     path.write_bytes(Ed25519PrivateKey.generate().private_bytes(

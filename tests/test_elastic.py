@@ -271,7 +271,8 @@ def test_horovodrun_runs_an_elastic_job_with_bounds_and_the_discovery_script(tmp
 def test_on_a_cluster_with_a_gpu_limit_a_job_grows_and_shrinks_by_whole_workers(alice, bob, script):
     """2..6 GPUs on 2-GPU nodes: workers of 2. Beside a 2-GPU job within a limit of 7, it grows to
     4, not 5; a queued job that needs 1 GPU takes a whole worker from it."""
-    from jobs.models import Cluster, Image
+    from jobs.backends.kubernetes.models import Cluster
+    from jobs.models import Image
 
     cluster = Cluster.objects.create(name="fake", namespace="team-a", gpus_per_node=2, gpu_limit=7)
     Image.objects.create(name="horovod-k8s", container_image="registry.example/horovod:0.28.1", python="python")
@@ -298,7 +299,8 @@ def test_the_portal_resizes_no_job_that_kueue_admitted_and_no_job_of_another_clu
     queue keeps its size on a cluster with room. A queued job shrinks only jobs of its own
     cluster: GPUs given back elsewhere would not make it fit."""
     from jobs.backends import get
-    from jobs.models import Cluster, Image, QueueMapping
+    from jobs.backends.kubernetes.models import Cluster, QueueMapping
+    from jobs.models import Image
 
     kueue = Cluster.objects.create(name="kueue", namespace="team-a", gpus_per_node=2, gpu_limit=8,
                                    kueue_found=True)

@@ -10,7 +10,8 @@ from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from jobs import backends
-from jobs.models import Instance, Job, Quota, Script
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, Quota, Script
 
 pytestmark = pytest.mark.django_db
 
@@ -190,12 +191,12 @@ def test_the_form_and_the_instances_admin_page_say_where_jobs_on_an_instance_sha
             "nor allowed sudo -n, or not checked yet), so they can read each other's files and signal each "
             "other's processes there.") in page
     client.force_login(make_user("root", is_staff=True, is_superuser=True))
-    page = html.unescape(client.get(f"/admin/jobs/instance/{instance.pk}/change/").content.decode())
+    page = html.unescape(client.get(f"/admin/instances/instance/{instance.pk}/change/").content.decode())
     assert "The account trainer: every job under the one SSH account (neither root nor allowed `sudo -n`)" in page
 
     # Once its health check finds that the account may run `sudo -n`, each job there gets a uid.
     Instance.objects.filter(pk=instance.pk).update(isolation="uid")
-    page = html.unescape(client.get(f"/admin/jobs/instance/{instance.pk}/change/").content.decode())
+    page = html.unescape(client.get(f"/admin/instances/instance/{instance.pk}/change/").content.decode())
     assert "The account trainer: each job under a uid of its own: a job cannot read another job's files" in page
     client.force_login(alice)
     assert "SSH account" not in html.unescape(client.get("/jobs/new/").content.decode())

@@ -86,7 +86,7 @@ def tls_api(tmp_path):
 
 def _api_client(host, ca_file, cert, key, token=TOKEN):
     """The client as the portal makes it for a cluster: from a kubeconfig with the CA, the
-    client certificate and key inline, and a token (jobs.backends.clusters.api_client)."""
+    client certificate and key inline, and a token (jobs.backends.kubernetes.clusters.api_client)."""
     def data(path):
         return base64.b64encode(Path(path).read_bytes()).decode()
     kubeconfig = {

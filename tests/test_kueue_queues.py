@@ -9,10 +9,12 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError
 from django.utils import timezone
 
-from jobs.backends.clusters import queue_for, render
+from jobs.backends.kubernetes.clusters import queue_for, render
 from jobs.domain import accounting, failure, states
-from jobs.models import Cluster, Job, JobEvent, QueueMapping, State
+from jobs.backends.kubernetes.models import Cluster, QueueMapping
+from jobs.models import Job, JobEvent, State
 from tests.test_clusters import alice_api, cluster, k8s_image, run, submit  # noqa: F401 (fixtures)
+from tests.clusterjobs import on_cluster
 
 pytestmark = pytest.mark.django_db
 LABEL = "kueue.x-k8s.io/queue-name"
@@ -86,7 +88,7 @@ def test_where_the_last_check_found_no_kueue_a_queue_is_refused_at_map_queue_in_
         "queue vision-queue would never be admitted. Install Kueue (deploy/KUBERNETES.md), or leave the queue empty."]
     admin = make_user("root", is_staff=True, is_superuser=True)
     client.force_login(admin)
-    page = client.get(f"/admin/jobs/cluster/{cluster.pk}/change/").content.decode()
+    page = client.get(f"/admin/kubernetes/cluster/{cluster.pk}/change/").content.decode()
     assert "Kueue found" in page and "the API server has no kueue.x-k8s.io API group" in page
     assert "Kueue queues of groups and users" in page and "vision-queue" in page
     QueueMapping.objects.all().delete()
@@ -94,8 +96,8 @@ def test_where_the_last_check_found_no_kueue_a_queue_is_refused_at_map_queue_in_
 
 
 def test_a_job_kueue_sent_back_to_waiting_counts_gpu_seconds_only_while_it_ran(alice, cluster, k8s_image):
-    job = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
-                             backend="kubernetes", time_limit_minutes=60)
+    job = on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py",
+                                        backend="kubernetes", time_limit_minutes=60), cluster)
     states.transition(job.pk, State.LAUNCHING)
     states.transition(job.pk, State.RUNNING)
     back = states.transition(job.pk, State.LAUNCHING, expect={State.RUNNING}, reason="preempted by Kueue (x): y")
@@ -118,8 +120,8 @@ def test_a_job_kueue_sent_back_to_waiting_counts_gpu_seconds_only_while_it_ran(a
 
 def test_a_job_kueue_sent_back_to_waiting_counts_only_its_running_time_against_its_time_limit(
         alice, cluster, k8s_image):
-    job = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
-                             backend="kubernetes", time_limit_minutes=120)
+    job = on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py",
+                                        backend="kubernetes", time_limit_minutes=120), cluster)
     states.transition(job.pk, State.LAUNCHING)
     states.transition(job.pk, State.RUNNING)
     states.transition(job.pk, State.LAUNCHING, expect={State.RUNNING}, reason="preempted by Kueue (x): y")
@@ -134,15 +136,15 @@ def test_a_job_kueue_sent_back_to_waiting_counts_only_its_running_time_against_i
     assert accounting.running_seconds(job, now) == pytest.approx(90 * 60, abs=1)
     assert not failure.over_time_limit(job, now)
     assert failure.over_time_limit(job, now + timedelta(minutes=31))
-    fixed = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
-                               backend="kubernetes", time_limit_minutes=120, started_at=now - timedelta(minutes=121),
-                               state=State.RUNNING)
+    fixed = on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py",
+                                          backend="kubernetes", time_limit_minutes=120, started_at=now - timedelta(minutes=121),
+                                          state=State.RUNNING), cluster)
     assert failure.over_time_limit(fixed, now)                   # never requeued: its wall time counts
 
 
 def test_a_new_wait_reason_is_an_event_and_a_new_place_in_the_queue_alone_is_not(alice, cluster, k8s_image):
-    job = Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py", cluster=cluster,
-                             backend="kubernetes", time_limit_minutes=60)
+    job = on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=8, script_path="/t.py",
+                                        backend="kubernetes", time_limit_minutes=60), cluster)
     states.transition(job.pk, State.LAUNCHING)
     held = "waiting in Kueue: ClusterQueue q has 0 nvidia.com/gpu free in flavor f, the job asks for 8"
     states.set_reason(job.pk, held, "; position 3 in ClusterQueue q")

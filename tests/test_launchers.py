@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from jobs.models import Cluster, Image, Job
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job
 from tests.test_clusters import kubeconfig
 
 pytestmark = pytest.mark.django_db

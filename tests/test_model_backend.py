@@ -30,7 +30,8 @@ def test_a_backends_package_with_an_apps_module_is_installed_as_a_django_app(set
     assert apps.is_installed("tests.modelbackend")
     assert backend_apps([PATH, "jobs.backends.local.LocalBackend", "tests.fakebackend.FakeBackend"]) == \
         ["tests.modelbackend"]
-    assert backend_apps(["jobs.backends.instances.InstancesBackend"]) == []
+    assert backend_apps(["jobs.backends.local.LocalBackend"]) == []
+    assert backend_apps(DEFAULT_BACKENDS) == ["jobs.backends.instances", "jobs.backends.kubernetes"]
 
 
 def test_one_setting_line_enables_the_backend_beside_the_default_three(settings):

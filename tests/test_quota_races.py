@@ -27,8 +27,10 @@ import pytest
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from jobs.models import Cluster, Image, Job, JobEvent, Quota, State
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job, JobEvent, Quota, State
 from tests.conftest import ROOT, admit_from_threads
+from tests.clusterjobs import on_cluster
 
 
 @pytest.fixture
@@ -36,15 +38,15 @@ def postgresql(row_locks, settings):
     settings.RINGMASTER_LOCAL_GPUS = 64                 # the quota or the cluster is the limit here
 
 
-def queue(owner, image, gpus, name, **fields):
-    return Job.objects.create(owner=owner, image=image, gpus=gpus, script_path="t.py", time_limit_minutes=60,
-                              name=name, reason="waiting for the scheduler", **fields)
+def queue(owner, image, gpus, name, cluster=None, **fields):
+    return on_cluster(Job.objects.create(owner=owner, image=image, gpus=gpus, script_path="t.py", time_limit_minutes=60,
+                                         name=name, reason="waiting for the scheduler", **fields), cluster)
 
 
-def running(owner, image, gpus, name, **fields):
+def running(owner, image, gpus, name, cluster=None, **fields):
     """A job admitted before the race: it holds its GPUs and counts as a job at once."""
-    return Job.objects.create(owner=owner, image=image, gpus=gpus, script_path="t.py", time_limit_minutes=60,
-                              name=name, state=State.RUNNING, started_at=timezone.now(), **fields)
+    return on_cluster(Job.objects.create(owner=owner, image=image, gpus=gpus, script_path="t.py", time_limit_minutes=60,
+                                         name=name, state=State.RUNNING, started_at=timezone.now(), **fields), cluster)
 
 
 def race(passes=8):

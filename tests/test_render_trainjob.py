@@ -5,10 +5,12 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs.models import Cluster, Image, Job
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job
 from runners import trainjob
 from tests.conftest import job_name
 from tests.test_clusters import kubeconfig
+from tests.clusterjobs import on_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +27,9 @@ def torch_job(make_user):
     cluster.set_kubeconfig(kubeconfig())
     cluster.save()
     image = Image.objects.create(name="torch-gpu", container_image="registry.example/torch:2.13", python="python3")
-    return Job.objects.create(owner=make_user("alice"), image=image, gpus=16, script_path="/examples/ddp.py",
-                              args=["--epochs", "3"], backend="kubernetes", cluster=cluster, launcher="torchrun",
-                              time_limit_minutes=60)
+    return on_cluster(Job.objects.create(owner=make_user("alice"), image=image, gpus=16, script_path="/examples/ddp.py",
+                                         args=["--epochs", "3"], backend="kubernetes", launcher="torchrun",
+                                         time_limit_minutes=60), cluster)
 
 
 def test_render_trainjob_prints_two_nodes_of_eight_that_validate(torch_job):

@@ -8,7 +8,10 @@ import pytest
 from cryptography.fernet import Fernet
 
 from jobs.domain import follow
-from jobs.models import Cluster, Instance, Job, SlotAllocation, State
+from jobs.backends.instances.models import Instance
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Job, SlotAllocation, State
+from tests.clusterjobs import on_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +32,7 @@ def test_a_running_job_on_an_instance_whose_key_is_unreadable_fails_saying_what_
     instance = Instance.objects.create(name="gpu-a", host="gpu-a.example", user="u", gpus=1, healthy=True,
                                        private_key_encrypted=encrypted_elsewhere("-----BEGIN KEY-----"))
     job = a_job(alice, image, State.RUNNING, backend="instances")
-    SlotAllocation.objects.create(job=job, instance=instance, slots=1, position=0)
+    SlotAllocation.objects.create(job=job, host_id=instance.pk, slots=1, position=0)
 
     follow.run(job.pk)
 
@@ -48,7 +51,7 @@ def test_a_running_job_on_an_instance_whose_key_is_unreadable_fails_saying_what_
 def test_a_job_launching_on_a_cluster_whose_kubeconfig_is_unreadable_fails_naming_the_cluster(alice, image, settings):
     cluster = Cluster.objects.create(name="gpu-east", namespace="training", gpus_per_node=8,
                                      kubeconfig_encrypted=encrypted_elsewhere("apiVersion: v1"))
-    job = a_job(alice, image, State.LAUNCHING, backend="kubernetes", cluster=cluster)
+    job = on_cluster(a_job(alice, image, State.LAUNCHING, backend="kubernetes"), cluster)
 
     follow.run(job.pk)
 
@@ -61,7 +64,7 @@ def test_a_job_launching_on_a_cluster_whose_kubeconfig_is_unreadable_fails_namin
 def test_without_any_key_on_the_worker_the_reason_says_it_is_not_set(alice, image, settings):
     cluster = Cluster.objects.create(name="gpu-east", namespace="training", gpus_per_node=8,
                                      kubeconfig_encrypted=encrypted_elsewhere("apiVersion: v1"))
-    job = a_job(alice, image, State.LAUNCHING, backend="kubernetes", cluster=cluster)
+    job = on_cluster(a_job(alice, image, State.LAUNCHING, backend="kubernetes"), cluster)
     settings.RINGMASTER_FERNET_KEYS = ""
 
     follow.run(job.pk)

@@ -2,13 +2,15 @@
 jobs.backends.base.Backend subclasses), the way django.contrib.auth loads
 AUTHENTICATION_BACKENDS. The rest of the portal asks here for a job's backend and never
 branches on a backend's name.
+
+A backend's package may be a Django app (instances/, kubernetes/), which Django imports before
+any model can be: this module imports no model when it loads.
 """
 from functools import lru_cache
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from jobs.installation import installation_id
 from runners.base import JobSpec
 
 
@@ -69,6 +71,8 @@ def label(name):
 
 def job_spec(job):
     """The plain JobSpec a runner gets (runners never see the database)."""
+    from jobs.installation import installation_id
+
     return JobSpec(
         job_id=job.pk,
         gpus=job.gpus_in_use,

@@ -5,7 +5,8 @@ in settings.RINGMASTER_BACKENDS (jobs.backends loads them, as django.contrib.aut
 AUTHENTICATION_BACKENDS). It answers for its jobs in five places, and nowhere else does the
 portal ask which backend a job has:
 
-- submission: its own fields and limits (clean), what they become on the Job (job_fields);
+- submission: its own fields and limits (clean), what they become on the Job (job_fields) or in
+  its own tables (record(), field_values());
 - admission: how many GPUs it can hold (capacity), why a job waits, and what an admitted job
   holds until it ends (admission(), release());
 - running: the runner and what a launch leaves behind (runner(), after_launch());
@@ -50,7 +51,6 @@ class QueuedJob:
     group_id: int | None
     group: str
     backend: str
-    cluster_id: int | None
     gpus: int
     held: bool
     held_by: str | None
@@ -68,7 +68,7 @@ class QueuedJob:
 
 # The Job fields a QueuedJob is made of, in its order (values_list(*QUEUED_JOB_FIELDS)).
 QUEUED_JOB_FIELDS = ("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name", "backend",
-                     "cluster_id", "gpus", "held", "held_by__username", "reason", "gpu_model", "max_gpus", "size",
+                     "gpus", "held", "held_by__username", "reason", "gpu_model", "max_gpus", "size",
                      "priority", "waits_for")
 
 
@@ -147,7 +147,8 @@ class Admission:
         book's GPU counts are changed by the scheduler."""
 
     def lost(self, job):
-        """[(host name, why)] of the hosts a running elastic job lost (it goes on without them)."""
+        """[(host name, why, GPUs the job holds there)] of the hosts a running elastic job lost (it
+        goes on without them)."""
         return []
 
     def drop(self, job, name):
@@ -273,10 +274,15 @@ class Backend:
 
     def job_fields(self, data):
         """The Job fields this backend sets from the cleaned data."""
-        return {"cluster": None}
+        return {}
 
-    def resubmit_fields(self, job):
-        """The API-shaped fields of this backend to submit `job` again."""
+    def record(self, job, data):
+        """Keep what the new `job`'s own fields chose (`data`: the cleaned data; e.g. its cluster)
+        in the backend's own tables, in the submission's transaction."""
+
+    def field_values(self, job):
+        """The values of its own fields (api_fields) for `job`, API-shaped: what the API and the
+        job page show of it, and what a rerun submits again."""
         return {}
 
     # --- admission --------------------------------------------------------------------------
@@ -297,6 +303,10 @@ class Backend:
 
     def after_launch(self, job, runner, error=None):
         """Keep what a launch (or a failed one) taught the backend."""
+
+    def seed(self, stdout, stderr):
+        """What `manage.py seed_demo` (make run's first start) adds for this backend: e.g. the
+        cluster a KUBECONFIG names. Idempotent."""
 
     def periodic_check(self):
         """The health check beat runs every `check_every` seconds (jobs.tasks.check_backend):

@@ -50,11 +50,7 @@ def machine_gpus(refresh=False):
         seen = _cache.get(command)
         if seen and not refresh and time.monotonic() - seen[0] < settings.RINGMASTER_GPU_CHECK_SECONDS:
             return seen[1]
-    try:
-        out = gpus.run_local(gpus.inventory_argv(command))
-        result = MachineGpus(gpus.parse_inventory(out) if out is not None else [])
-    except gpus.GpuQueryError as exc:
-        result = MachineGpus([], str(exc))
+    result = MachineGpus(*gpus.local_inventory(command))
     with _cache_lock:
         _cache[command] = (time.monotonic(), result)
     return result
@@ -81,7 +77,7 @@ class LocalAdmission(ByGpuModel, Admission):
     def _host(self):
         if self.host is None:
             count, _ = slots()
-            used = SlotAllocation.objects.filter(instance__isnull=True)
+            used = SlotAllocation.objects.filter(host_id__isnull=True)
             indices = [i for row in used.values_list("gpu_indices", flat=True) for i in row or []]
             used_slots = used.aggregate(n=Sum("slots"))["n"] or 0
             self.host = HostGpus(machine_gpus().inventory, count, indices, used_slots)
@@ -109,7 +105,7 @@ class LocalAdmission(ByGpuModel, Admission):
 
     def charge(self, job):
         if job.pk in self.plans:
-            SlotAllocation.objects.create(job_id=job.pk, instance=None, slots=job.gpus, position=0,
+            SlotAllocation.objects.create(job_id=job.pk, host_id=None, slots=job.gpus, position=0,
                                           gpu_indices=self.plans.pop(job.pk))
 
     def room(self, job):
@@ -125,7 +121,7 @@ class LocalAdmission(ByGpuModel, Admission):
         host = self._host()
         if not host.bound:
             return
-        allocation = SlotAllocation.objects.select_for_update().get(job_id=job.pk, instance__isnull=True)
+        allocation = SlotAllocation.objects.select_for_update().get(job_id=job.pk, host_id__isnull=True)
         indices = list(allocation.gpu_indices)
         if size > len(indices):
             indices += host.take(size - len(indices), job.gpu_model)

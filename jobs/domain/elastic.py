@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
 from jobs.domain import states
-from jobs.models import Job, SlotAllocation, State
+from jobs.models import Job, State
 
 def _running(settled=True, **filters):
     """Running elastic jobs; `settled`: only those Horovod can resize now (settled_since())."""
@@ -125,9 +125,8 @@ def drop_lost_hosts(admission_of, book):
     left holds their minimum; a job left below it keeps the host and says it waits for it."""
     for job in _running(settled=False):
         admission = admission_of(job.backend)
-        for name, why in admission.lost(job):
+        for name, why, held in admission.lost(job):
             constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
-            held = _held_on(job, name)
             if job.gpus_in_use - held < job.gpus:
                 states.set_reason(job.pk, f"lost {name} ({why}): {job.gpus_in_use - held} GPUs left, fewer than the "
                                           f"{job.gpus} the job needs; Horovod waits for hosts to come back")
@@ -137,10 +136,6 @@ def drop_lost_hosts(admission_of, book):
             book.resize(constraints, -held, job.backend)
             states.resize(job.pk, size, f"lost {name} ({why}): continuing on {size} GPUs")
             job = replace(job, size=size)
-
-
-def _held_on(job, name):
-    return sum(SlotAllocation.objects.filter(job_id=job.pk, instance__name=name).values_list("slots", flat=True))
 
 
 def _resize(admission, book, job, size, message, constraints=None):

@@ -180,7 +180,7 @@ def _now_running(job_id, detail):
 
 
 def _load(job_id):
-    return Job.objects.select_related("image", "script", "cluster", "charged_group").get(pk=job_id)
+    return Job.objects.select_related("image", "script", "charged_group").get(pk=job_id)
 
 
 def _apply_size(job_id):

@@ -20,7 +20,7 @@ class CannotCancel(Exception):
 
 def visible_jobs(user):
     """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
-    jobs = Job.objects.select_related("owner", "image", "script", "charged_group", "cluster")
+    jobs = Job.objects.select_related("owner", "image", "script", "charged_group")
     return jobs if user.is_staff else jobs.filter(owner=user)
 
 
@@ -43,6 +43,7 @@ def submit(user, form, parent=None, checkpoint=""):
             fields["script"] = store_script(user, upload)
             fields["script_path"] = ""
         job = Job.objects.create(owner=user, state=State.QUEUED, **Wait("scheduler").stored(), **fields)
+        backends.of(job).record(job, form.cleaned_data)
         states.submitted(job, by=user)
         taskqueue.wake_scheduler()
     return job
@@ -67,7 +68,7 @@ def resubmit_data(job, user=None):
     if job.charged_group_id:
         data["group"] = job.charged_group.name
     try:
-        data.update(backends.of(job).resubmit_fields(job))
+        data.update(backends.of(job).field_values(job))
     except backends.UnknownBackend:
         pass                        # the form says the backend is not enabled
     if job.script_id:

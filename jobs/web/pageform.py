@@ -43,17 +43,21 @@ class JobPageForm(JobForm):
     tags = TagsTextField(required=False, help_text="Separated by commas; the job list filters by them.")
     note = NoteField(help_text="Why you run this job (shown on its page).")
 
+    # The offered backends' own fields (Backend.page_fields) come right after "backend".
     field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "args", "env", "backend",
-                   "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "tags", "note"]
+                   "gpu_model", "time_limit_minutes", "group", "priority", "tags", "note"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         offered = [backend for backend in backends.enabled() if backend.offered()]
         for name in self.backend_fields:           # each offered backend adds its page_fields instead
             del self.fields[name]
+        own = {}
         for backend in offered:
-            self.fields.update(backend.page_fields())
-        self.order_fields(self.field_order)
+            own.update(backend.page_fields())
+        self.fields.update(own)
+        after = self.field_order.index("backend") + 1
+        self.order_fields(self.field_order[:after] + list(own) + self.field_order[after:])
         scripts = visible_scripts(self.user).order_by("owner", "name").only("pk", "name", "owner")
         self.fields["script"].choices = [("", "—")] + [
             (s.pk, f"{s.name}{'' if s.owner_id else ' (example)'}") for s in scripts
@@ -141,8 +145,6 @@ class JobPageForm(JobForm):
         initial = {**data, "args": shlex.join(data.get("args") or []), "parent": job.pk, "priority": job.priority,
                    "env": "\n".join(f"{name}={value}" for name, value in (data.get("env") or {}).items()),
                    "tags": ", ".join(data.get("tags") or [])}
-        if job.cluster_id:
-            initial["cluster"] = job.cluster_id
         return initial
 
     def clean_image(self):
@@ -155,9 +157,6 @@ class JobPageForm(JobForm):
             fitting = next((i for i in self.fields["image"].queryset if default.image_problem(i) is None), None)
             if fitting is not None:
                 self.fields["image"].initial = fitting.pk
-
-    def clean_cluster(self):
-        return self.cleaned_data.get("cluster")
 
     def _has_upload(self):
         return bool(self.files.get("script_file")) or bool(self.cleaned_data.get("uploaded_script"))

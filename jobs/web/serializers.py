@@ -1,5 +1,7 @@
 """How jobs, images, scripts, log lines and metric points look in the API (output only:
 input is validated by jobs.web.forms, the one validation path)."""
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import backends
@@ -34,12 +36,28 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["ts", "state", "message", "gpus"]
 
 
+@extend_schema_field(OpenApiTypes.STR)
+class BackendValue(serializers.Field):
+    """One of a job's backend's own fields (Backend.field_values), read once per job."""
+
+    def __init__(self, name, **kwargs):
+        super().__init__(source="*", read_only=True, allow_null=True, **kwargs)
+        self.value_name = name
+
+    def to_representation(self, job):
+        if not hasattr(job, "_backend_values"):
+            try:
+                job._backend_values = backends.of(job).field_values(job)
+            except backends.UnknownBackend:
+                job._backend_values = {}
+        return job._backend_values.get(self.value_name)
+
+
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.get_username")
     image = serializers.CharField(source="image.name")
     script_name = serializers.CharField()
     group = serializers.CharField(source="charged_group.name", default=None, allow_null=True)
-    cluster = serializers.CharField(source="cluster.name", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     size = serializers.SerializerMethodField()
@@ -50,11 +68,20 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
-            "args", "env", "backend", "cluster", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "args", "env", "backend", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "tags", "note", "checkpoint_pattern", "checkpoint", "artifacts_bytes", "artifacts_note",
             "url",
         ]
+
+    def get_fields(self):
+        """With the enabled backends' own fields (Backend.api_fields, e.g. kubernetes' cluster),
+        each null for the jobs of another backend."""
+        fields = super().get_fields()
+        for backend in backends.enabled():
+            for name, field in backend.api_fields().items():
+                fields.setdefault(name, BackendValue(name, help_text=field.help_text))
+        return fields
 
     def get_queue_position(self, job) -> int | None:
         """Place in the scheduler's order while queued (1: next); None otherwise or when held."""

@@ -8,7 +8,7 @@ from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs.domain import artifacts, logquery, scheduler, services
+from jobs.domain import artifacts, logquery, scheduler, services, tbmetrics
 from jobs.domain.services import visible_jobs
 from jobs import backends
 from jobs.web.forms import JobForm, JobNotesPageForm
@@ -57,9 +57,11 @@ def _job_page(request, job, notes_form, status=200):
         "parent": visible_jobs(request.user).filter(pk=job.parent_id).first() if job.parent_id else None,
         "backend_label": backend.label if backend else job.backend,
         "backend_links": backend.links(job) if backend else [],
+        "backend_values": _backend_values(backend, job),
         "events": job.events.all(),
         "ranks": range(job.gpus),
         "last_seq": job.next_seq - 1,
+        "tensorboard_mark": tbmetrics.last_id(job.pk),     # read before the page reads the points
         "queue_position": scheduler.queue_position(job),
         "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
         "notes_form": notes_form,
@@ -69,6 +71,12 @@ def _job_page(request, job, notes_form, status=200):
         "fetches_artifacts": artifacts.fetches(job) and not job.is_terminal,
         "checkpoint": artifacts.newest_checkpoint(job),
     }, status=status)
+
+
+def _backend_values(backend, job):
+    """[(label, value)] of the job's backend's own fields (a kubernetes job's cluster)."""
+    values = backend.field_values(job) if backend else {}
+    return [(name.replace("_", " ").capitalize(), value) for name, value in values.items()]
 
 
 def _backend_of(job):
@@ -89,6 +97,7 @@ def job_mpijob(request, job_id):
         made = backend.document(job) if backend else None
     except ValueError as exc:
         return render(request, "jobs/mpijob.html", {"job": job, "backend_label": backend.label,
+                                                    "backend_values": _backend_values(backend, job),
                                                     "problems": [str(exc)]}, status=409)
     if made is None:
         raise Http404("This job's backend creates no document.")
@@ -96,7 +105,8 @@ def job_mpijob(request, job_id):
     if request.GET.get("format") == "json":
         return JsonResponse(document, json_dumps_params={"indent": 2})
     return render(request, "jobs/mpijob.html", {
-        "job": job, "kind": kind, "backend_label": backend.label, "document": json.dumps(document, indent=2),
+        "job": job, "kind": kind, "backend_label": backend.label, "backend_values": _backend_values(backend, job),
+        "document": json.dumps(document, indent=2),
         "problems": backend.document_problems(document)})
 
 

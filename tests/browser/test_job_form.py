@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from jobs.models import Instance, Job, Quota, Script
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, Quota, Script
 from tests.browser.conftest import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]

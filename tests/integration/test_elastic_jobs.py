@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.domain import scheduler
-from jobs.models import Instance, Job, JobEvent, State
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, JobEvent, State
 from tests import sshd
 from tests.conftest import ELASTIC_SETTLE_SECONDS, wait_for
 from tests.integration.test_instances import add_instance, sshds  # noqa: F401 (the sshd fixture)

@@ -19,7 +19,8 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from jobs.domain.logstore import append_output
-from jobs.models import Instance, Job, LogLine, State
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, LogLine, State
 from runners.output import OutputSplitter
 from tests.conftest import WebServer, Worker, job_processes, wait_for
 from tests.integration.test_job_lifecycle import assert_succeeded_with_every_line, submit, upload, wait_state

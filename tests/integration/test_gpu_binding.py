@@ -15,8 +15,9 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.backends import instances
-from jobs.models import Instance, Job, SlotAllocation, State, SystemSample
+from jobs.backends.instances import backend as instances
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, SlotAllocation, State, SystemSample
 from tests import sshd
 from tests.conftest import install_fake_nvidia_smi, job_name, job_processes, wait_for
 from tests.integration.test_instances import add_instance, sshds  # noqa: F401 (the sshd fixture)
@@ -67,8 +68,9 @@ def bindings(job_id, ranks):
 
 
 def allocation(job_id):
-    return [(a.instance.name if a.instance else "local", a.gpu_indices)
-            for a in SlotAllocation.objects.filter(job_id=job_id).select_related("instance").order_by("position")]
+    names = dict(Instance.objects.values_list("pk", "name"))
+    return [(names[a.host_id] if a.host_id else "local", a.gpu_indices)
+            for a in SlotAllocation.objects.filter(job_id=job_id).order_by("position")]
 
 
 def gpus_of(binding):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.backends.instances import check
-from jobs.models import Instance
+from jobs.backends.instances.backend import check
+from jobs.backends.instances.models import Instance
 from runners import ssh
 from runners.base import Exited, JobSpec, waited
 from tests import sshd

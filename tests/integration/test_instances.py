@@ -11,7 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from jobs.models import Instance, Job, JobEvent, SlotAllocation, State
+from jobs.backends.instances.models import Instance
+from jobs.models import Job, JobEvent, SlotAllocation, State
 from runners import ssh as ssh_runner
 from runners.base import waited
 from tests import sshd
@@ -112,7 +113,7 @@ def test_a_host_whose_horovod_cannot_load_pytorch_is_unhealthy_until_it_passes_t
     """A new instance gets the full check (`horovodrun --check-build`, which exits 0 whatever it
     lacks: its report is read). A healthy one's check each minute only starts horovodrun, so it
     does not take 10 CPU-seconds from the host's jobs; the admin's check is the full one."""
-    from jobs.backends import instances
+    from jobs.backends.instances import backend as instances
 
     broken = tmp_path / "broken" / "torch"
     broken.mkdir(parents=True)
@@ -138,7 +139,7 @@ def test_a_changed_host_key_is_refused(sshds, db):
     other = sshds["servers"][1].host_key_line()                                # the key of another host
     Instance.objects.filter(pk=instance.pk).update(host_key=other)
     instance.refresh_from_db()
-    from jobs.backends import instances
+    from jobs.backends.instances import backend as instances
 
     ok, reason = instances.check(instance)
     assert not ok and "host key changed" in reason and "refusing" in reason

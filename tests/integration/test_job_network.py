@@ -156,5 +156,5 @@ def test_every_admin_page_warns_while_jobs_share_the_machines_network(client, dj
     settings.RINGMASTER_JOB_NETWORK = "outbound"
     assert warning not in client.get("/admin/").content.decode()
     settings.RINGMASTER_JOB_NETWORK = "host"
-    for page in ("/admin/", "/admin/jobs/instance/"):
+    for page in ("/admin/", "/admin/instances/instance/"):
         assert warning in client.get(page).content.decode()

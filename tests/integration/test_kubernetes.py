@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from jobs import backends
-from jobs.models import Cluster, Image, Job, JobEvent, State
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job, JobEvent, State
 from tests.conftest import ROOT, wait_for, job_name
 from tests.fakekube import FakeKube, Scenario, default_output
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
@@ -195,7 +196,7 @@ def test_a_create_that_times_out_after_creating_is_adopted_on_retry(http, fake, 
 
 
 def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, cluster):
-    from jobs.backends.clusters import render
+    from jobs.backends.kubernetes.clusters import render
 
     hold = threading.Event()
     fake.scenario = Scenario(hold=hold)
@@ -204,10 +205,10 @@ def test_an_mpijob_left_by_an_earlier_try_is_adopted_not_duplicated(http, fake, 
     hold.set()
     assert wait_state(job_id, ENDED).state == State.SUCCEEDED
     # The same job launched again (a retried task) finds its MPIJob by name and adopts it.
-    from jobs.backends.clusters import runner_for
+    from jobs.backends.kubernetes.clusters import runner_for
     from jobs.backends import job_spec
 
-    job = Job.objects.select_related("cluster", "image", "script", "charged_group").get(pk=job_id)
+    job = Job.objects.select_related("image", "script", "charged_group").get(pk=job_id)
     started = runner_for(job).launch(job_spec(job))
     assert started.already_running and "adopted" in started.detail
     assert len([j for j in fake.mpijobs() if j["metadata"]["name"] == job_name(job_id)]) == 1
@@ -395,7 +396,7 @@ def test_every_call_the_portal_makes_is_allowed_by_the_deployed_role(http, fake,
     """A job run to its end (with an uploaded script), a job cancelled while it runs, and the
     admin's check of the cluster: every call they make is one the Role in deploy/ grants. The
     calls are this test's own, so it holds when run alone."""
-    from jobs.backends.clusters import check
+    from jobs.backends.kubernetes.clusters import check
 
     role = next(doc for path in (ROOT / "deploy" / "kubernetes").glob("*.yaml")
                 for doc in yaml.safe_load_all(Path(path).read_text()) if doc and doc.get("kind") == "Role")

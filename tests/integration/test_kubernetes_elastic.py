@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from jobs import backends
 from jobs.domain import accounting
-from jobs.models import Cluster, Job, JobEvent, State
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Job, JobEvent, State
 from tests.conftest import job_name, wait_for
 from tests.test_usage_numbers import Tables
 from tests.fakekube import Scenario

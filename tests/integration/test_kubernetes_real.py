@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from jobs.models import Cluster, Image, Job, State
+from jobs.backends.kubernetes.models import Cluster
+from jobs.models import Image, Job, State
 from tests.conftest import wait_for
 from tests.integration.test_job_lifecycle import stored_lines, upload, wait_state
 
@@ -62,7 +63,7 @@ def submit(http, **fields):
 
 def test_a_two_gpu_job_runs_on_the_cluster_and_cancel_removes_its_mpijob(http, real_cluster):
     from jobs.backends import job_spec
-    from jobs.backends.clusters import runner_for
+    from jobs.backends.kubernetes.clusters import runner_for
 
     job_id = submit(http, script=upload(http, SCRIPT, "allreduce.py"))
     job = wait_state(job_id, ENDED, timeout=1200)
@@ -76,5 +77,5 @@ def test_a_two_gpu_job_runs_on_the_cluster_and_cancel_removes_its_mpijob(http, r
              message="the second job to launch")
     assert http.post(f"{http.base}/api/jobs/{second}/cancel/").status_code == 202
     assert wait_state(second, ENDED, timeout=300).state == State.CANCELLED
-    job = Job.objects.select_related("cluster", "image", "script", "charged_group").get(pk=second)
+    job = Job.objects.select_related("image", "script", "charged_group").get(pk=second)
     assert runner_for(job)._get_mpijob(job_spec(job)) is None

@@ -12,7 +12,8 @@ import yaml
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
-from jobs.models import Cluster, Image, Job, JobEvent, QueueMapping, State
+from jobs.backends.kubernetes.models import Cluster, QueueMapping
+from jobs.models import Image, Job, JobEvent, State
 from jobs.tasks import check_backend
 from tests.conftest import ROOT, job_name, wait_for
 from tests.fakekube import FakeKube, Scenario

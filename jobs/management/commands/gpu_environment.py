@@ -21,8 +21,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.backends.local import machine_gpus
 from jobs.models import Image
+from runners import gpus
 
 IMAGE = "torch-cuda"
 INSTALL_TORCH = settings.BASE_DIR / "deploy" / "gpu-environment.sh"
@@ -80,8 +80,8 @@ class Plan:
 
 
 def plan():
-    seen = machine_gpus(refresh=True)
-    return Plan(tuple(seen.gpus), seen.error, find_nvcc())
+    seen, error = gpus.local_inventory(settings.RINGMASTER_NVIDIA_SMI)
+    return Plan(tuple(seen), error, find_nvcc())
 
 
 def register(python, launchers):

@@ -1,17 +1,16 @@
-"""Demo data for `make run`: an admin, an image catalog and the example scripts, and a cluster
-when KUBECONFIG names one. Idempotent."""
+"""Demo data for `make run`: an admin, an image catalog and the example scripts, and what each
+enabled backend adds (Backend.seed: a cluster when KUBECONFIG names one). Idempotent."""
 import hashlib
-import os
 import secrets
 import sys
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
+from jobs import backends
 from jobs.management.commands.ready_banner import keep_initial_password
-from jobs.models import Cluster, Image, Script
+from jobs.models import Image, Script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -62,7 +61,8 @@ class Command(BaseCommand):
         )
         if created:
             self.stdout.write(f"Image {image.name!r} runs {image.container_image} on Kubernetes")
-        self._cluster_from_environment()
+        for backend in backends.enabled():
+            backend.seed(self.stdout, self.stderr)
 
         for path in sorted(EXAMPLES.glob("*.py")):
             raw = path.read_bytes()
@@ -72,25 +72,3 @@ class Command(BaseCommand):
             )
             if created:
                 self.stdout.write(f"Example script {path.name}")
-
-    def _cluster_from_environment(self):
-        """KUBECONFIG (a file) registers the cluster "default" once: its context's namespace (or
-        RINGMASTER_KUBE_NAMESPACE), RINGMASTER_KUBE_GPUS_PER_NODE GPUs per node (default 8)."""
-        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-        if not path or Cluster.objects.filter(name="default").exists():
-            return
-        namespace = os.environ.get("RINGMASTER_KUBE_NAMESPACE", "")
-        if not namespace:
-            import yaml
-
-            try:
-                config = yaml.safe_load(Path(path).read_text()) or {}
-                context = next(c for c in config.get("contexts", []) if c.get("name") == config.get("current-context"))
-                namespace = context.get("context", {}).get("namespace", "")
-            except (OSError, yaml.YAMLError, StopIteration, AttributeError):
-                pass
-        try:
-            call_command("add_cluster", "--name", "default", "--kubeconfig", path, "--namespace", namespace or "default",
-                         "--gpus-per-node", os.environ.get("RINGMASTER_KUBE_GPUS_PER_NODE", "8"), stdout=self.stdout)
-        except CommandError as exc:
-            self.stderr.write(f"KUBECONFIG={path}: no cluster registered: {exc}")

@@ -1,8 +1,9 @@
-"""Kubernetes clusters (for jobs.backends.kubernetes): connecting to one, the namespace a job
-goes to, the MPIJob or TrainJob it becomes, and the runner that runs it there."""
+"""Kubernetes clusters (for the kubernetes backend): connecting to one, the namespace a job goes
+to, the MPIJob or TrainJob it becomes, and the runner that runs it there."""
 import hashlib
 import importlib
 import re
+from pathlib import Path
 
 import yaml
 from django.conf import settings
@@ -10,7 +11,7 @@ from django.conf import settings
 from runners import kueue, launchers, mpijob
 from runners.kubernetes import KubernetesRunner, Timings
 
-from jobs.models import Cluster, QueueMapping
+from jobs.backends.kubernetes.models import Cluster, ClusterJob, QueueMapping
 
 
 class ClusterError(ValueError):
@@ -177,9 +178,27 @@ def connection_key(cluster):
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+def kubeconfig_namespace(path):
+    """The namespace of the kubeconfig file's current context ("" where it names none)."""
+    try:
+        config = yaml.safe_load(Path(path).read_text()) or {}
+        context = next(c for c in config.get("contexts", []) if c.get("name") == config.get("current-context"))
+        return context.get("context", {}).get("namespace", "") or ""
+    except (OSError, yaml.YAMLError, StopIteration, AttributeError):
+        return ""
+
+
+def cluster_of(job):
+    """The cluster `job` runs on (chosen at submission), or None."""
+    link = ClusterJob.objects.select_related("cluster").filter(job_id=job.pk).first()
+    return link.cluster if link is not None else None
+
+
 def runner_for(job):
     """The runner of a kubernetes job on its cluster."""
-    cluster = job.cluster
+    cluster = cluster_of(job)
+    if cluster is None:
+        raise ValueError(f"job {job.pk} has no Kubernetes cluster")
     return KubernetesRunner(api_client(cluster), cluster_spec(cluster, job.charged_group, job.owner), timings(cluster),
                             cluster_name=cluster.name, connection=connection_key(cluster))
 
@@ -194,12 +213,16 @@ def builder_of_launcher(name):
     return importlib.import_module(launchers.of(name).KUBERNETES)
 
 
-def render(job):
-    """(kind, the object the backend would create for `job`), without talking to the cluster."""
+def render(job, cluster=None):
+    """(kind, the object the backend would create for `job` on its cluster, or on `cluster`),
+    without talking to the cluster."""
     from jobs.backends import job_spec
 
+    cluster = cluster or cluster_of(job)
+    if cluster is None:
+        raise ValueError(f"job {job.pk} has no Kubernetes cluster")
     builder = builder_of(job)
-    return builder.KIND, builder.new_document(job_spec(job), cluster_spec(job.cluster, job.charged_group, job.owner))
+    return builder.KIND, builder.new_document(job_spec(job), cluster_spec(cluster, job.charged_group, job.owner))
 
 
 def default_cluster():

@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
 from jobs import backends
-from jobs.management.commands._render import RenderCommand
+from jobs.backends.kubernetes.management.commands._render import RenderCommand
 
 
 class Command(RenderCommand):

@@ -16,7 +16,7 @@ class RenderCommand(BaseCommand):
         raise NotImplementedError
 
     def handle(self, *args, job_id, **options):
-        job = Job.objects.select_related("image", "script", "cluster", "charged_group").filter(pk=job_id).first()
+        job = Job.objects.select_related("image", "script", "charged_group").filter(pk=job_id).first()
         if job is None:
             raise CommandError(f"no job {job_id}")
         document, problems = self.render(job)

@@ -1,15 +1,21 @@
 """The kubernetes backend: each job an MPIJob (kubeflow.org/v2beta1; Horovod) or a TrainJob
 (trainer.kubeflow.org/v1alpha1; torchrun) on a registered cluster, through the official client
-(runners.kubernetes); connection and job settings per cluster live in jobs.backends.clusters."""
+(runners.kubernetes); connection and job settings per cluster live in clusters.py."""
+import os
+
 from django import forms
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db.models import Count, Q, Sum
 from django.urls import reverse
 
 from jobs.backends.base import Admission, Backend, CapacityTable
-from jobs.backends import clusters
-from jobs.backends.clusters import ClusterError, builder_of, default_cluster, namespace_for, render, runner_for
+from jobs.backends.kubernetes import clusters
+from jobs.backends.kubernetes.clusters import (ClusterError, builder_of, cluster_of, default_cluster, namespace_for,
+                                               render, runner_for)
+from jobs.backends.kubernetes.models import Cluster, ClusterJob
 from jobs.backends.waits import Wait
-from jobs.models import ACTIVE_STATES, Cluster, Job, State, in_use_expression
+from jobs.models import ACTIVE_STATES, State, in_use_expression
 from runners import mpijob, trainjob
 
 
@@ -24,54 +30,70 @@ class ClusterAdmission(Admission):
         limited = Cluster.objects.filter(gpu_limit__isnull=False)
         self.limits = {cluster.pk: (cluster.name, cluster.gpu_limit) for cluster in limited}
         self.clusters = {cluster.pk: cluster for cluster in limited}
-        self.in_use = dict(Job.objects.filter(backend=backend.name, state__in=ACTIVE_STATES,
-                                              cluster__in=list(self.limits)).order_by()
-                           .values_list("cluster").annotate(n=Sum(in_use_expression()))
+        self.in_use = dict(ClusterJob.objects.filter(job__backend=backend.name, job__state__in=ACTIVE_STATES,
+                                                     cluster__in=list(self.limits)).order_by()
+                           .values_list("cluster").annotate(n=Sum(in_use_expression("job__")))
                            .values_list("cluster", "n"))
+        # The cluster of each job the pass may ask about: the queued ones and the running ones.
+        self.cluster_of = dict(ClusterJob.objects.filter(job__backend=backend.name,
+                                                         job__state__in=[State.QUEUED, *ACTIVE_STATES])
+                               .values_list("job_id", "cluster_id"))
         self.per_node = {}
 
+    def _cluster_id(self, job):
+        if job.pk not in self.cluster_of:
+            self.cluster_of[job.pk] = ClusterJob.objects.filter(job_id=job.pk).values_list("cluster_id",
+                                                                                          flat=True).first()
+        return self.cluster_of[job.pk]
+
     def capacity_key(self, job):
-        return ("capacity", self.backend.name, job.cluster_id)
+        return ("capacity", self.backend.name, self._cluster_id(job))
 
     def behind(self, job):
         return Wait("cluster_behind")
 
     def why_waiting(self, job):
-        if job.cluster_id not in self.limits:
+        cluster = self._cluster_id(job)
+        if cluster not in self.limits:
             return None
-        name, limit = self.limits[job.cluster_id]
-        in_use = self.in_use.get(job.cluster_id, 0)
+        name, limit = self.limits[cluster]
+        in_use = self.in_use.get(cluster, 0)
         if in_use + job.gpus > limit:
             return Wait("cluster_capacity", cluster=name, in_use=in_use, limit=limit, gpus=job.gpus)
         return None
 
     def charge(self, job):
-        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + job.gpus
+        cluster = self._cluster_id(job)
+        self.in_use[cluster] = self.in_use.get(cluster, 0) + job.gpus
 
     # --- elastic jobs: a worker's GPUs at a time, within the cluster's limit ------------------
     def room(self, job):
-        if job.cluster_id not in self.limits:
+        cluster = self._cluster_id(job)
+        if cluster not in self.limits:
             return 0
-        return max(self.limits[job.cluster_id][1] - self.in_use.get(job.cluster_id, 0), 0)
+        return max(self.limits[cluster][1] - self.in_use.get(cluster, 0), 0)
 
     def shares_capacity(self, job, other):
-        return job.cluster_id == other.cluster_id
+        return self._cluster_id(job) == self._cluster_id(other)
 
     def fixed_size(self, job):
-        cluster = self.clusters.get(job.cluster_id)
+        cluster = self.clusters.get(self._cluster_id(job))
         queue = cluster is not None and clusters.queue_of(cluster, job.owner_id, job.group_id)
         return f"in Kueue queue {queue} on cluster {cluster.name}; {clusters.KUEUE_RESIZES_NO_MPIJOB}" if queue else ""
 
     def step(self, job):
-        if job.cluster_id not in self.per_node:
-            self.per_node[job.cluster_id] = Cluster.objects.get(pk=job.cluster_id).gpus_per_node
-        return mpijob.elastic_slots(job.gpus, job.max_gpus, self.per_node[job.cluster_id])
+        cluster = self._cluster_id(job)
+        if cluster not in self.per_node:
+            self.per_node[cluster] = Cluster.objects.get(pk=cluster).gpus_per_node
+        return mpijob.elastic_slots(job.gpus, job.max_gpus, self.per_node[cluster])
 
     def where(self, job):
-        return f"on cluster {self.limits[job.cluster_id][0]}" if job.cluster_id in self.limits else "on its cluster"
+        cluster = self._cluster_id(job)
+        return f"on cluster {self.limits[cluster][0]}" if cluster in self.limits else "on its cluster"
 
     def resize(self, job, size):
-        self.in_use[job.cluster_id] = self.in_use.get(job.cluster_id, 0) + size - job.gpus_in_use
+        cluster = self._cluster_id(job)
+        self.in_use[cluster] = self.in_use.get(cluster, 0) + size - job.gpus_in_use
 
 
 def _enabled_clusters():
@@ -101,6 +123,19 @@ class KubernetesBackend(Backend):
     def artifacts_root(self, job):
         return None
 
+    def seed(self, stdout, stderr):
+        """KUBECONFIG (a file) registers the cluster "default" once: its context's namespace (or
+        RINGMASTER_KUBE_NAMESPACE), RINGMASTER_KUBE_GPUS_PER_NODE GPUs per node (default 8)."""
+        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+        if not path or Cluster.objects.filter(name="default").exists():
+            return
+        namespace = os.environ.get("RINGMASTER_KUBE_NAMESPACE", "") or clusters.kubeconfig_namespace(path)
+        try:
+            call_command("add_cluster", "--name", "default", "--kubeconfig", path, "--namespace", namespace or "default",
+                         "--gpus-per-node", os.environ.get("RINGMASTER_KUBE_GPUS_PER_NODE", "8"), stdout=stdout)
+        except CommandError as exc:
+            stderr.write(f"KUBECONFIG={path}: no cluster registered: {exc}")
+
     def periodic_check(self):
         """Whether every enabled cluster is reachable, and whether Kueue runs there (kept on the
         cluster, for its admin page and the job form)."""
@@ -108,11 +143,12 @@ class KubernetesBackend(Backend):
 
     def capacity_table(self):
         """Per cluster: GPUs in use (launching and running), its limit, jobs active and queued."""
-        active = Q(jobs__state__in=ACTIVE_STATES)
+        active = Q(cluster_jobs__job__state__in=ACTIVE_STATES)
         rows = list(Cluster.objects.annotate(
-            in_use=Sum(in_use_expression("jobs__"), filter=active, default=0), active=Count("jobs", filter=active),
-            queued=Count("jobs", filter=Q(jobs__state=State.QUEUED))).order_by("name"))
-        return CapacityTable("jobs/capacity_clusters.html", rows) if rows else None
+            in_use=Sum(in_use_expression("cluster_jobs__job__"), filter=active, default=0),
+            active=Count("cluster_jobs", filter=active),
+            queued=Count("cluster_jobs", filter=Q(cluster_jobs__job__state=State.QUEUED))).order_by("name"))
+        return CapacityTable("kubernetes/capacity.html", rows) if rows else None
 
     def elastic_problem(self, launcher):
         """What the Kubernetes object of `launcher`'s jobs cannot do (runners.trainjob: no
@@ -133,7 +169,8 @@ class KubernetesBackend(Backend):
         if not self.offered():
             return {}
         elastic = " ".join(clusters.elastic_words(cluster) for cluster in _enabled_clusters().order_by("name"))
-        return {"cluster": forms.ModelChoiceField(queryset=_enabled_clusters(), required=False, empty_label="—",
+        return {"cluster": forms.ModelChoiceField(queryset=_enabled_clusters(), to_field_name="name", required=False,
+                                                  empty_label="—",
                                                   help_text=f"For the Kubernetes backend. Elastic jobs: {elastic}")}
 
     def clean(self, form, data):
@@ -187,24 +224,26 @@ class KubernetesBackend(Backend):
             return f"Image {image.name} has no container image, so it cannot run on Kubernetes."
         return None
 
-    def job_fields(self, data):
-        return {"cluster": data.get("cluster")}
+    def record(self, job, data):
+        ClusterJob.objects.create(job_id=job.pk, cluster=data["cluster"])
 
-    def resubmit_fields(self, job):
-        return {"cluster": job.cluster.name} if job.cluster_id else {}
+    def field_values(self, job):
+        cluster = cluster_of(job)
+        return {"cluster": cluster.name} if cluster is not None else {}
 
     def runner(self, job):
         return runner_for(job)
 
     def links(self, job):
-        if not job.cluster_id:
+        if cluster_of(job) is None:
             return []
         return [(f"View {builder_of(job).KIND}", reverse("job-mpijob", args=[job.pk]), "view-mpijob")]
 
     def document(self, job):
-        if not job.cluster_id:
+        cluster = cluster_of(job)
+        if cluster is None:
             return None
-        return render(job)
+        return render(job, cluster)
 
     def document_problems(self, document):
         builders = {builder.KIND: builder for builder in (mpijob, trainjob)}

@@ -3,9 +3,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.backends import clusters
-from jobs.backends.admin_forms import ClusterForm, bound, errors_by_option
-from jobs.models import Cluster
+from jobs.backends.kubernetes import clusters
+from jobs.backends.admin_forms import bound, errors_by_option
+from jobs.backends.kubernetes.forms import ClusterForm
+from jobs.backends.kubernetes.models import Cluster
 
 # The form's fields whose option is not --field-name.
 OPTIONS = {"connection": "--kubeconfig", "enabled": "--disabled"}

@@ -8,8 +8,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.backends.admin_forms import QueueMappingForm, errors_by_option
-from jobs.models import Cluster, QueueMapping
+from jobs.backends.admin_forms import errors_by_option
+from jobs.backends.kubernetes.forms import QueueMappingForm
+from jobs.backends.kubernetes.models import Cluster, QueueMapping
 
 OPTIONS = {"queue": "--queue", "cluster": "--cluster", "group": "--group", "user": "--user"}
 

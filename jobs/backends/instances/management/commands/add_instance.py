@@ -2,9 +2,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.backends import instances
-from jobs.backends.admin_forms import InstanceForm, bound, errors_by_option
-from jobs.models import Instance
+from jobs.backends.instances import backend as instances
+from jobs.backends.admin_forms import bound, errors_by_option
+from jobs.backends.instances.forms import InstanceForm
+from jobs.backends.instances.models import Instance
 from runners import ssh
 
 # The form's fields whose option is not --field-name.

@@ -20,10 +20,28 @@ from jobs.backends.base import Admission, Backend, CapacityTable, interpreter_pr
 from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
 from jobs.backends.waits import Wait
 from runners.gpus import matches
-from jobs.models import Instance, Job, SlotAllocation
+from jobs.backends.instances.models import ArtifactsHost, Instance
+from jobs.models import SlotAllocation
 from jobs.secrets import SecretError
 
 log = logging.getLogger(__name__)
+
+
+def held(instance_ids):
+    """({instance id: slots jobs hold there}, {instance id: [GPU indices they hold]})."""
+    slots, indices = defaultdict(int), defaultdict(list)
+    for host_id, count, held_indices in (SlotAllocation.objects.filter(host_id__in=list(instance_ids))
+                                         .values_list("host_id", "slots", "gpu_indices")):
+        slots[host_id] += count
+        indices[host_id] += held_indices or []
+    return slots, indices
+
+
+def allocations_by_instance(job_id):
+    """[(allocation, instance)] of a job's slots on instances, its first host first."""
+    allocations = list(SlotAllocation.objects.filter(job_id=job_id, host_id__isnull=False).order_by("position"))
+    instances = Instance.objects.in_bulk([a.host_id for a in allocations])
+    return [(a, instances[a.host_id]) for a in allocations if a.host_id in instances]
 
 
 class Pool:
@@ -32,11 +50,7 @@ class Pool:
 
     def __init__(self):
         rows = list(Instance.objects.select_for_update().filter(enabled=True, healthy=True).order_by("name", "id"))
-        used_slots, used_indices = defaultdict(int), defaultdict(list)
-        for instance_id, slots, indices in (SlotAllocation.objects.filter(instance__in=rows)
-                                            .values_list("instance", "slots", "gpu_indices")):
-            used_slots[instance_id] += slots
-            used_indices[instance_id] += indices or []
+        used_slots, used_indices = held(i.pk for i in rows)
         self.instances = {i.pk: i for i in rows}
         self.hosts = {i.pk: HostGpus(i.gpu_inventory, i.gpus, used_indices[i.pk], used_slots[i.pk]) for i in rows}
         self.indices = {}
@@ -77,7 +91,7 @@ class Pool:
     def grow(self, job_id, count, model=""):
         """Give a job `count` more slots: first on the instances it runs on, then on others
         (the fullest first, as place() does). Returns [(instance name, slots added)]."""
-        mine = {a.instance_id: a for a in SlotAllocation.objects.select_for_update().filter(job_id=job_id)}
+        mine = {a.host_id: a for a in SlotAllocation.objects.select_for_update().filter(job_id=job_id)}
         order = sorted(self.hosts, key=lambda pk: (pk not in mine, -self.hosts[pk].free(model),
                                                   self.instances[pk].name))
         added, position = [], max((a.position for a in mine.values()), default=-1) + 1
@@ -92,7 +106,7 @@ class Pool:
                 allocation.gpu_indices = list(allocation.gpu_indices) + indices
                 allocation.save(update_fields=["slots", "gpu_indices"])
             else:
-                SlotAllocation.objects.create(job_id=job_id, instance_id=pk, slots=take, position=position,
+                SlotAllocation.objects.create(job_id=job_id, host_id=pk, slots=take, position=position,
                                               gpu_indices=indices)
                 position += 1
             added.append((self.instances[pk].name, take))
@@ -111,8 +125,8 @@ class Pool:
             given = allocation.slots - keep
             count -= given
             indices = list(allocation.gpu_indices)
-            if allocation.instance_id in self.hosts:
-                self.hosts[allocation.instance_id].give_back(given, indices[keep:] if indices else ())
+            if allocation.host_id in self.hosts:
+                self.hosts[allocation.host_id].give_back(given, indices[keep:] if indices else ())
             if keep:
                 allocation.slots, allocation.gpu_indices = keep, indices[:keep]
                 allocation.save(update_fields=["slots", "gpu_indices"])
@@ -121,7 +135,7 @@ class Pool:
 
     def allocate(self, job_id, placement, model=""):
         SlotAllocation.objects.bulk_create([
-            SlotAllocation(job_id=job_id, instance=instance, slots=slots, position=position,
+            SlotAllocation(job_id=job_id, host_id=instance.pk, slots=slots, position=position,
                            gpu_indices=self.hosts[instance.pk].take(slots, model))
             for position, (instance, slots) in enumerate(placement)
         ])
@@ -248,14 +262,15 @@ class InstancesAdmission(ByGpuModel, Admission):
             self._pool().shrink(job.pk, job.gpus_in_use - size)
 
     def lost(self, job):
-        """[(instance name, why)] of the hosts an elastic job runs on that went unhealthy (not its
-        first: horovodrun runs there, and losing it is losing the job)."""
-        return list(SlotAllocation.objects.filter(job_id=job.pk, position__gt=0, instance__healthy=False)
-                    .order_by("position").values_list("instance__name", "instance__health_reason"))
+        """[(instance name, why, slots held there)] of the hosts an elastic job runs on that went
+        unhealthy (not its first: horovodrun runs there, and losing it is losing the job)."""
+        return [(instance.name, instance.health_reason, allocation.slots) for allocation, instance in allocations_by_instance(job.pk)
+                if allocation.position > 0 and not instance.healthy]
 
     def drop(self, job, name):
         """Free what the job held on instance `name` (lost); returns the slots it held there."""
-        allocation = SlotAllocation.objects.select_for_update().get(job_id=job.pk, instance__name=name)
+        allocation = SlotAllocation.objects.select_for_update().get(
+            job_id=job.pk, host_id=Instance.objects.values("pk").get(name=name)["pk"])
         allocation.delete()
         return allocation.slots
 
@@ -281,12 +296,11 @@ class InstancesBackend(Backend):
     def capacity_table(self):
         """Per registered instance: health, the GPUs it offers and the ones its last check saw,
         and which of them jobs hold now."""
-        rows = []
-        for instance in Instance.objects.prefetch_related("allocations").order_by("name"):
-            held = sorted({index for a in instance.allocations.all() for index in a.gpu_indices})
-            rows.append({"instance": instance, "in_use": sum(a.slots for a in instance.allocations.all()),
-                         "held": held, "gpus": instance.gpu_inventory})
-        return CapacityTable("jobs/capacity_instances.html", rows) if rows else None
+        instances = list(Instance.objects.order_by("name"))
+        slots, indices = held(i.pk for i in instances)
+        rows = [{"instance": instance, "in_use": slots[instance.pk], "held": sorted(set(indices[instance.pk])),
+                 "gpus": instance.gpu_inventory} for instance in instances]
+        return CapacityTable("instances/capacity.html", rows) if rows else None
 
     def capacity(self):
         """GPUs of the healthy, enabled instances."""
@@ -331,15 +345,15 @@ class InstancesBackend(Backend):
         release_slots(job_id)
 
     def runner(self, job):
-        allocations = list(SlotAllocation.objects.filter(job=job).select_related("instance").order_by("position"))
+        allocations = allocations_by_instance(job.pk)
         if not allocations:
             raise ValueError(f"job {job.pk} holds no instance slots")
         hosts = []
-        for allocation in allocations:
+        for allocation, instance in allocations:
             try:
-                hosts.append(host_of(allocation.instance, allocation.slots))
+                hosts.append(host_of(instance, allocation.slots))
             except SecretError as exc:      # no job can use it until an admin acts: say so there too
-                set_health(allocation.instance, False, str(exc))
+                set_health(instance, False, str(exc))
                 raise
         return ssh.SSHRunner(
             hosts,
@@ -352,7 +366,7 @@ class InstancesBackend(Backend):
     def collect_artifacts(self, job, room):
         """Bring the job's output folder back from the instance that ran its launcher, over SFTP
         (only that host's: ranks on other hosts write to their own), into the portal's storage."""
-        instance = job.artifacts_instance
+        instance = Instance.objects.filter(pk__in=ArtifactsHost.objects.filter(job_id=job.pk).values("instance")).first()
         if instance is None:
             return super().collect_artifacts(job, room)
         from jobs.backends import job_spec
@@ -366,7 +380,9 @@ class InstancesBackend(Backend):
     def watch_hosts(self, job):
         """Check the instances the job runs on besides its first; one that stopped answering is
         recorded unhealthy, and the scheduler drops it from the job at once."""
-        for instance in Instance.objects.filter(allocations__job=job, allocations__position__gt=0, healthy=True):
+        for allocation, instance in allocations_by_instance(job.pk):
+            if allocation.position == 0 or not instance.healthy:
+                continue
             healthy, _ = check(instance)
             if not healthy:
                 taskqueue.wake_scheduler()
@@ -377,8 +393,7 @@ class InstancesBackend(Backend):
         remember_host_keys(runner)
         first = Instance.objects.filter(name=runner.first.name).first()
         if first is not None:           # where its artifacts are brought back from
-            Job.objects.filter(pk=job.pk).update(artifacts_instance=first)
-            job.artifacts_instance = first
+            ArtifactsHost.objects.update_or_create(job_id=job.pk, defaults={"instance": first})
         if isinstance(error, ssh.InstanceError):
             for host in runner.hosts:
                 if str(error).startswith(host.where()):
