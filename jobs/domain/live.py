@@ -25,7 +25,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
-from jobs.domain import redispublish
+from jobs.domain import logwire, redispublish
 from jobs.domain.audience import Pollers
 from jobs.installation import installation_id, last_read
 
@@ -166,6 +166,32 @@ def nobody_hears(job_id, then):
     is sent."""
     audience = _audience()
     return audience is not None and audience.when_heard(group_name(job_id), then)
+
+
+# A push of points stored apart from any line carries up to this many of them.
+POINTS_PER_PUSH = 5000
+
+
+def points_messages(rows):
+    """job.metrics messages for metric points stored apart from any log line (TensorBoard's:
+    jobs.domain.tbmetrics), given as (id, seq, name, rank, step, value, ts) rows in id order:
+    POINTS_PER_PUSH points a message, as the websocket's metrics text, with the id of the
+    message's last point (None where the database gave none), by which a viewer that read the
+    stored points already leaves it out."""
+    messages = []
+    for start in range(0, len(rows), POINTS_PER_PUSH):
+        chunk = rows[start:start + POINTS_PER_PUSH]
+        last_id = None if any(row[0] is None for row in chunk) else chunk[-1][0]
+        messages.append({"type": "job.metrics", "last_id": last_id,
+                         "metrics": logwire.metrics_message([row[1:] for row in chunk])})
+    return messages
+
+
+def publish_points(job_id, rows):
+    """Tell the job's viewers of metric points just stored apart from any line (points_messages);
+    nothing where nobody would hear it: a viewer that joins reads them from the database."""
+    if rows and heard(job_id):
+        publish_many([(job_id, message) for message in points_messages(rows)])
 
 
 def publish_lines(job_id, last_seq, after=None, lines=None, metrics=None):

@@ -6,16 +6,19 @@ change to the script. Beat reads the running jobs' folders every RINGMASTER_TENS
 A worker keeps one reader per job, so each read costs only the new events. A tag's steps are
 stored once, in rising order: a reader made afresh (another worker, a restart) or a file read
 again (brought back anew from an instance) skips the steps already stored. The points carry
-seq TB_SEQ: they come from no log line, so GET /api/jobs/<id>/metrics/ shows them, and the
-websocket's live pushes (which follow log lines) do not.
+seq TB_SEQ: they come from no log line, so they stand outside the websocket's line sequence.
+GET /api/jobs/<id>/metrics/ shows them; once stored, they are pushed to the job's viewers
+(live.publish_points), and a viewer that connects with ?tb_since=<id> (the job page's mark:
+last_id when the page was made) is sent those stored after that id (jobs.web.consumers).
 """
 import math
 import threading
 from datetime import datetime, timezone
 
+from django.db import transaction
 from django.db.models import Max
 
-from jobs.domain import artifacts
+from jobs.domain import artifacts, live
 from jobs.models import Job, MetricPoint, State
 from runners.tbscalars import ScalarReader
 
@@ -59,9 +62,24 @@ def scrape(job, last=False):
         MetricPoint.objects.bulk_create(fresh)
         for point in fresh:
             stored[point.name] = max(point.step, stored.get(point.name, -math.inf))
-        return len(fresh)
+    if fresh:
+        rows = [(point.pk, point.seq, point.name, point.rank, point.step, point.value, point.ts) for point in fresh]
+        transaction.on_commit(lambda: live.publish_points(job.pk, rows))
+    return len(fresh)
 
 
 def scrape_running():
     """One look at every running job's event files."""
     return sum(scrape(job) for job in Job.objects.filter(state=State.RUNNING, artifacts_deleted_at__isnull=True))
+
+
+def last_id(job_id):
+    """The id of the job's last stored TensorBoard point, 0 if none: a viewer's mark (tb_since)."""
+    return (MetricPoint.objects.filter(job_id=job_id, seq=TB_SEQ).aggregate(last=Max("id"))["last"] or 0)
+
+
+def stored_after(job_id, after, limit):
+    """Up to `limit` of the job's TensorBoard points with an id past `after`, in id order, as
+    (id, seq, name, rank, step, value, ts) rows."""
+    return list(MetricPoint.objects.filter(job_id=job_id, seq=TB_SEQ, id__gt=after).order_by("id")
+                .values_list("id", "seq", "name", "rank", "step", "value", "ts")[:limit])

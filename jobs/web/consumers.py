@@ -9,6 +9,11 @@ viewer whose last seq is where pushes follow on sends their bytes, several pushe
 when it was busy while they came; any other reads from the database what it lacks, so a lost or
 late push can delay a line but never lose or repeat one. Without Redis (make run's embedded
 defaults) the worker cannot reach this process, so the consumer also polls the database.
+
+Metric points that come from no line (TensorBoard's scalars, jobs.domain.tbmetrics) stand
+outside the line sequence: a viewer that connects with ?tb_since=<id> is sent those stored after
+that id, read once the relay is subscribed, then each push of them that brings points past the
+last it sent (a push carries the id of its last point); without tb_since, only the pushes.
 """
 import asyncio
 import contextlib
@@ -20,7 +25,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from rest_framework.utils.encoders import JSONEncoder
 
-from jobs.domain import live, logwire, telemetry
+from jobs.domain import live, logwire, tbmetrics, telemetry
 from jobs.domain.live import MAX_PUSH_BYTES
 from jobs.models import Job, LogLine, MetricPoint, SystemSample
 from jobs.domain.services import visible_jobs
@@ -71,6 +76,18 @@ async def shared_batch(job_id, after):
     return await asyncio.shield(task)       # a viewer that leaves does not cancel the others' batch
 
 
+def stored_points(job_id, after):
+    """(metrics message or None, id of its last point) for up to BATCH of the job's points stored
+    apart from any line (jobs.domain.tbmetrics) with an id past `after`."""
+    rows = tbmetrics.stored_after(job_id, after, BATCH)
+    if not rows:
+        return None, after
+    return logwire.metrics_message([row[1:] for row in rows]), rows[-1][0]
+
+
+_stored_points = database_sync_to_async(stored_points)
+
+
 def read_state(job_id):
     return tuple(Job.objects.filter(pk=job_id).values_list("state", "reason").get())
 
@@ -101,13 +118,16 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if not user or not user.is_authenticated or not await self._may_see(user):
             await self.close(code=4404)
             return
+        query = _query(self.scope)
         try:
-            self.last_seq = int(_query(self.scope).get("since", -1))
+            self.last_seq = int(query.get("since", -1))
+            # The last point stored apart from lines that this viewer holds; None: it wants only pushes.
+            self.points_after = int(query["tb_since"]) if "tb_since" in query else None
         except ValueError:
             await self.close(code=4400)
             return
         self.wake = asyncio.Event()
-        self.state_due, self.others, self.poll_due = False, [], False
+        self.state_due, self.others, self.point_pushes, self.poll_due = False, [], [], False
         self.relay = await relay.join(self.job_id, self)     # before the database is read
         await self.accept()
         self.last_state = None
@@ -140,6 +160,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             self.state_due = True
         elif kind == "job.system":
             self.others.append(message)
+        elif kind == "job.metrics":
+            self.point_pushes.append(message)
         elif kind != "job.lines":
             return
         self.wake.set()
@@ -161,6 +183,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def _send_round(self):
         state_due, self.state_due = self.state_due, False
         others, self.others = self.others, []
+        point_pushes, self.point_pushes = self.point_pushes, []
         poll, self.poll_due = self.poll_due, False
         # Lines stored before a change of state are shown before it, even where their push was
         # lost (the pub/sub layer keeps nothing for a process that missed it): read the database.
@@ -171,6 +194,11 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self._send_state(*await shared_state(self.relay))
         elif poll:
             await self._send_state()
+        # The stored points first: a push that came meanwhile is left out where they held it.
+        if poll and self.points_after is not None:
+            await self._send_stored_points()
+        for message in point_pushes:
+            await self._send_pushed_points(message)
         for message in others:
             self.last_sample = max([self.last_sample, *(sample["id"] for sample in message["samples"])])
             await self.send_json({"type": "system", "samples": message["samples"], "hint": message["hint"]})
@@ -199,6 +227,24 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             if points_text:
                 await self.send(text_data=points_text)
             self.last_seq = last
+
+    async def _send_stored_points(self):
+        """The points stored apart from lines after the viewer's last one (at connect, and each
+        poll without Redis), BATCH a message."""
+        while True:
+            text, last = await _stored_points(self.job_id, self.points_after)
+            if text is None:
+                return
+            await self.send(text_data=text)
+            self.points_after = last
+
+    async def _send_pushed_points(self, message):
+        last = message.get("last_id")
+        if self.points_after is not None and last is not None:
+            if last <= self.points_after:
+                return                      # read from the database already
+            self.points_after = last
+        await self.send(text_data=message["metrics"])
 
     # --- helpers ----------------------------------------------------------------------------
     async def _poll(self):

@@ -1,7 +1,9 @@
 // The job page, live: the log view (logview.js), training curves (charts.js), system charts
 // and the state badge. The stored log is the source of truth: the page loads the tail of the log
 // over the API, then follows the websocket from the last seq it holds (/ws/jobs/<id>/?since=),
-// and reconnects from there after any drop, so no line is lost or shown twice.
+// and reconnects from there after any drop, so no line is lost or shown twice. Metric points that
+// come from no line (TensorBoard's scalars, seq -1) are the API's, then those the websocket sends
+// from the page's mark (?tb_since=: what was stored when the server made the page), each drawn once.
 (function () {
   "use strict";
   const root = document.getElementById("job");
@@ -24,13 +26,24 @@
   const addLines = logView.addLines;
 
   // ---------------------------------------------------------------------------------------
-  // Training curves (charts.js): the API's points, then the websocket's, merged by seq.
+  // Training curves (charts.js): the API's points, then the websocket's, merged by seq; points
+  // of no line (seq < 0) by metric, rank and step.
   const training = RingmasterCharts.create({
     card: $("charts-card"), box: $("charts"), numbers: $("chart-numbers"), controls: $("chart-controls"),
     ended: () => TERMINAL.has(state),
   });
   let metricsUpTo = null;          // the API's points cover every seq up to this one
   let earlyPoints = [];
+  const pointsOfNoLine = new Set();    // JSON of [name, rank, step] of the points held with seq < 0
+
+  // Whether `point` of metric `name` is not drawn yet (the API's and the websocket's overlap).
+  function isNew(name, point) {
+    if (point.seq >= 0) return point.seq > metricsUpTo;
+    const key = JSON.stringify([name, point.rank, point.step]);
+    if (pointsOfNoLine.has(key)) return false;
+    pointsOfNoLine.add(key);
+    return true;
+  }
   const COLORS = ["#2f5bd3", "#d3572f", "#1f8a4c", "#9b3dc8", "#b7791f", "#0f8fa8", "#c2352b", "#5b6b8c"];
 
   function addPoints(points) {
@@ -38,7 +51,7 @@
       earlyPoints.push(...points);
       return;
     }
-    for (const point of points) if (point.seq > metricsUpTo) training.add(point.name, point);
+    for (const point of points) if (isNew(point.name, point)) training.add(point.name, point);
     scheduleCharts();
   }
 
@@ -164,6 +177,7 @@
     let upto = -1;
     for (const [name, points] of Object.entries(data.series)) {
       for (const point of points) {
+        if (point.seq < 0 && !isNew(name, point)) continue;
         training.add(name, point);
         upto = Math.max(upto, point.seq);
       }
@@ -277,7 +291,8 @@
 
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?since=${logView.latestSeq()}`);
+    const socket = new WebSocket(
+      `${scheme}://${location.host}/ws/jobs/${jobId}/?since=${logView.latestSeq()}&tb_since=${root.dataset.tbSince}`);
     socket.onopen = () => {
       // Samples stored while the socket was down are not replayed by it: fetch them.
       if (reconnecting) api("metrics/").then((data) => loadSystem(data.system)).catch(() => {});
