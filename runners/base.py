@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from .gpus import gpu_map_value
 
 
+def job_name(installation, job_id):
+    """A job's name outside the portal's database (JobSpec.name)."""
+    return f"rm-{installation}-{job_id}" if installation else f"rm-job-{job_id}"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     job_id: int
@@ -45,9 +50,7 @@ class JobSpec:
     def name(self):
         """The name every backend derives from the portal's id and the job id (job folders,
         MPIJobs): unique per installation, and a valid DNS-1035 label."""
-        if self.installation:
-            return f"rm-{self.installation}-{self.job_id}"
-        return f"rm-job-{self.job_id}"
+        return job_name(self.installation, self.job_id)
 
     def rank_argv(self):
         """What a rank runs after `python`: the script and the user's words."""

@@ -29,6 +29,7 @@ from jobs.backends.waits import Wait
 from jobs.installation import installation_id
 from jobs.models import Image, gpus_in_use
 from runners import artifacts
+from runners.base import job_name
 from runners.gpus import matches
 
 
@@ -332,7 +333,7 @@ class Backend:
         reads it), or None where the portal keeps none: by default the portal's own storage for
         the job (RINGMASTER_ARTIFACTS_DIR, named by the installation's id and the job's), where
         collect_artifacts brings them; no job's sandbox sees it."""
-        return Path(settings.RINGMASTER_ARTIFACTS_DIR) / f"rm-{installation_id()}-{job.pk}"
+        return Path(settings.RINGMASTER_ARTIFACTS_DIR) / job_name(installation_id(), job.pk)
 
     def collect_artifacts(self, job, room):
         """Bring `job`'s artifacts into artifacts_root, at most `room` bytes (None: no limit).

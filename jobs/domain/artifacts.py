@@ -41,7 +41,7 @@ def note(job):
         return ""
     if job.artifacts_deleted_at is not None:
         return f"The job's artifacts were deleted after {settings.RINGMASTER_ARTIFACT_RETENTION_DAYS:g} days."
-    return backend.artifacts_note
+    return backend.artifacts_note if backend.artifacts_root(job) is None else ""
 
 
 def fetches(job):

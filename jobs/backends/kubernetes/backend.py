@@ -2,6 +2,7 @@
 (trainer.kubeflow.org/v1alpha1; torchrun) on a registered cluster, through the official client
 (runners.kubernetes); connection and job settings per cluster live in clusters.py."""
 import os
+from pathlib import Path
 
 from django import forms
 from django.core.management import call_command
@@ -16,7 +17,9 @@ from jobs.backends.kubernetes.clusters import (ClusterError, builder_of, cluster
 from jobs.backends.kubernetes.models import Cluster, ClusterJob
 from jobs.backends.waits import Wait
 from jobs.models import ACTIVE_STATES, State, in_use_expression
+from jobs.installation import installation_id
 from runners import mpijob, trainjob
+from runners.base import job_name
 
 
 class ClusterAdmission(Admission):
@@ -117,11 +120,17 @@ class KubernetesBackend(Backend):
     collects_system_metrics = False
     system_metrics_note = ("System metrics are not collected on Kubernetes: the portal reads no metrics source "
                            "of the cluster (its own monitoring, e.g. NVIDIA's DCGM exporter, shows the pods' GPUs).")
-    artifacts_note = ("The portal keeps no artifacts of Kubernetes jobs: what a job writes stays on its cluster's "
-                      "artifacts volume, where the admin names one (deploy/KUBERNETES.md).")
+    artifacts_note = ("The portal does not read this cluster's artifacts: what a job writes stays on the cluster's "
+                      "artifacts volume, where the admin names one, and the portal lists it once the admin mounts "
+                      "that volume on the portal too (deploy/KUBERNETES.md).")
 
     def artifacts_root(self, job):
-        return None
+        """The job's sub-path of its cluster's artifacts volume, where the portal mounts it too
+        (Cluster.artifacts_path); None where it does not."""
+        cluster = cluster_of(job)
+        if cluster is None or not cluster.artifacts_volume or not cluster.artifacts_path:
+            return None
+        return Path(cluster.artifacts_path) / job_name(installation_id(), job.pk)
 
     def seed(self, stdout, stderr):
         """KUBECONFIG (a file) registers the cluster "default" once: its context's namespace (or

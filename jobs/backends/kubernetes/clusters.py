@@ -1,6 +1,7 @@
 """Kubernetes clusters (for the kubernetes backend): connecting to one, the namespace a job goes
 to, the MPIJob or TrainJob it becomes, and the runner that runs it there."""
 import hashlib
+import os
 import importlib
 import re
 from pathlib import Path
@@ -63,6 +64,8 @@ def cluster_problems(cluster):
         problems["node_selector"] = ['Must be an object of label names to strings, e.g. {"gpu": "a100"}.']
     if not isinstance(cluster.tolerations, list) or not all(isinstance(t, dict) for t in cluster.tolerations):
         problems["tolerations"] = ["Must be a list of tolerations (objects)."]
+    if problem := artifacts_path_problem(cluster):
+        problems["artifacts_path"] = [problem]
     if problems or not cluster.gpus_per_node:
         return problems
     spec = JobSpec(job_id=1, gpus=cluster.gpus_per_node, python="python", script_name="", script_content=None,
@@ -72,6 +75,20 @@ def cluster_problems(cluster):
                  if "priorityClassName" in problem else "node_selector" if "nodeSelector" in problem else None)
         problems.setdefault(field or "__all__", []).append(problem)
     return problems
+
+
+def artifacts_path_problem(cluster):
+    """Why the portal cannot read the cluster's artifacts volume at `artifacts_path`, or None."""
+    path = cluster.artifacts_path
+    if not path:
+        return None
+    if not cluster.artifacts_volume:
+        return "Name the artifacts volume too: this is where the portal sees it."
+    if not os.path.isabs(path):
+        return "Must be an absolute path on the portal's machine."
+    if not os.path.isdir(path):
+        return f"{path} is not a folder on the portal's machine: mount the volume there first."
+    return None
 
 
 class _SampleGroup:

@@ -19,7 +19,8 @@ class ClusterForm(forms.ModelForm):
     class Meta:
         model = Cluster
         fields = ["name", "enabled", "connection", "context", "namespace", "gpus_per_node", "node_selector",
-                  "tolerations", "priority_class", "kueue_queue", "mpijob_command", "training_runtime", "artifacts_volume", "cpu_per_gpu", "memory_per_gpu_gib",
+                  "tolerations", "priority_class", "kueue_queue", "mpijob_command", "training_runtime", "artifacts_volume",
+                  "artifacts_path", "cpu_per_gpu", "memory_per_gpu_gib",
                   "clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "image_pull_grace_seconds",
                   "gpu_limit"]
 

@@ -67,6 +67,11 @@ class Cluster(models.Model):
                                                                "A PersistentVolumeClaim's name (DNS-1123).")],
         help_text="A PersistentVolumeClaim in the job's namespace that its pods mount as RINGMASTER_OUTPUT_DIR, "
                   "each job under a sub-path of its own name; empty: none.")
+    artifacts_path = models.CharField(
+        max_length=500, blank=True, verbose_name="artifacts volume on the portal",
+        help_text="Where the portal's web and worker see the same volume (mounted there too, ReadWriteMany): "
+                  "the job page then lists and serves each job's files, counts them against the storage quota "
+                  "and deletes them after the retention time. Empty: the portal does not read the volume.")
     cpu_per_gpu = models.FloatField(default=4, validators=[MinValueValidator(0.1)], verbose_name="CPUs per GPU")
     memory_per_gpu_gib = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)],
                                                      verbose_name="memory per GPU (GiB)")

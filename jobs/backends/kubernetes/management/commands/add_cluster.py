@@ -43,6 +43,10 @@ class Command(BaseCommand):
                             help="what an MPIJob's launcher pod runs to start the ranks")
         parser.add_argument("--training-runtime", default="torch-distributed",
                             help="the ClusterTrainingRuntime that torchrun jobs' TrainJobs reference")
+        parser.add_argument("--artifacts-volume", default=None,
+                            help="a PersistentVolumeClaim the jobs' pods mount as RINGMASTER_OUTPUT_DIR")
+        parser.add_argument("--artifacts-path", default=None,
+                            help="where the portal mounts the same volume, to list and serve the files")
         parser.add_argument("--backoff-limit", type=int, default=None)
         parser.add_argument("--gpu-limit", type=int, default=None,
                             help="most GPUs of this cluster's jobs at once (default: no limit)")
@@ -60,7 +64,7 @@ class Command(BaseCommand):
                 raise CommandError(f"cannot read the kubeconfig: {exc.strerror}") from None
         cluster = Cluster.objects.filter(name=o["name"]).first() or Cluster(name=o["name"])
         connection = Cluster.Connection.KUBECONFIG if o["kubeconfig"] else Cluster.Connection.IN_CLUSTER
-        kept = {} if o["backoff_limit"] is None else {"backoff_limit": o["backoff_limit"]}
+        kept = {name: o[name] for name in ("backoff_limit", "artifacts_volume", "artifacts_path") if o[name] is not None}
         form = bound(ClusterForm, cluster, name=o["name"], connection=connection, kubeconfig=text,
                      context=o["context"], namespace=o["namespace"], gpus_per_node=o["gpus_per_node"],
                      node_selector=node_selector, tolerations=tolerations, priority_class=o["priority_class"],
