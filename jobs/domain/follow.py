@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import dbpool, elastic, failure, heartbeat, live, logbatch, states, telemetry
+from jobs.domain import dbpool, elastic, failure, heartbeat, live, logbatch, states, tbmetrics, telemetry
 from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
@@ -432,8 +432,15 @@ def _look_at_reading(job_id, spec, reading, now, settled, next_host_check):
 
 
 def finish(job_id, exited, stop_reason=None):
-    """Record how the job ended. Idempotent: only an active job is moved."""
+    """Record how the job ended. Idempotent: only an active job is moved. The scalars its event
+    files gained since beat's last look are stored (and pushed) first, while its viewers still
+    listen: a page stops listening when the job ends."""
     job = Job.objects.get(pk=job_id)
+    if job.state in ACTIVE_STATES:
+        try:
+            tbmetrics.scrape(job)
+        except Exception:          # an unreadable event file must not keep the job from ending
+            log.exception("job %s: its TensorBoard event files could not be read at its end", job_id)
     if job.cancel_requested or stop_reason == "cancel":
         states.transition(job_id, State.CANCELLED, expect=ACTIVE_STATES, message="stopped: every process ended")
     elif stop_reason:

@@ -188,17 +188,18 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         # Lines stored before a change of state are shown before it, even where their push was
         # lost (the pub/sub layer keeps nothing for a process that missed it): read the database.
         await self._send_lines(read_stored=state_due or poll)
+        # So are the points stored apart from lines: the stored ones first, where they hold a push
+        # that came meanwhile.
+        if (state_due or poll) and self.points_after is not None:
+            await self._send_stored_points()
+        for message in point_pushes:
+            await self._send_pushed_points(message)
         if state_due:
             # The state as stored now, not as the push said: pushes sent by different processes
             # (the worker, the web process of a cancel) may arrive out of order.
             await self._send_state(*await shared_state(self.relay))
         elif poll:
             await self._send_state()
-        # The stored points first: a push that came meanwhile is left out where they held it.
-        if poll and self.points_after is not None:
-            await self._send_stored_points()
-        for message in point_pushes:
-            await self._send_pushed_points(message)
         for message in others:
             self.last_sample = max([self.last_sample, *(sample["id"] for sample in message["samples"])])
             await self.send_json({"type": "system", "samples": message["samples"], "hint": message["hint"]})
@@ -229,8 +230,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             self.last_seq = last
 
     async def _send_stored_points(self):
-        """The points stored apart from lines after the viewer's last one (at connect, and each
-        poll without Redis), BATCH a message."""
+        """The points stored apart from lines after the viewer's last one (at connect, before a
+        change of state, and each poll without Redis), BATCH a message."""
         while True:
             text, last = await _stored_points(self.job_id, self.points_after)
             if text is None:

@@ -110,3 +110,28 @@ def test_a_jobs_tensorboard_scalars_reach_the_metrics_endpoint_beside_its_printe
     found = wait_for(series, message="the job's TensorBoard scalars")
     assert [(p["step"], round(p["value"], 3)) for p in found["train/loss"]] == [(0, 1.0), (1, 0.5), (2, 0.333), (3, 0.25)]
     assert [p["value"] for p in found["printed"]] == [1]
+
+
+def test_an_open_job_page_gets_the_scalars_a_job_wrote_at_its_very_end_before_it_ends(http):
+    """The page stops listening when the job ends; what the event files gained since the last
+    look is stored and pushed before the end is (no beat runs here: only the end's look sees it)."""
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+
+    job_id = submit(http, gpus=1, script=upload(http, TB_WRITER, "tb.py"))
+    url = http.base.replace("http://", "ws://") + f"/ws/jobs/{job_id}/?since=-1&tb_since=0"
+
+    async def until_the_end():
+        seen = []
+        async with connect(url, additional_headers={"Authorization": http.headers["Authorization"]}) as ws:
+            async with asyncio.timeout(60):
+                while not any(m["type"] == "state" and m["state"] in ENDED for m in seen):
+                    seen.append(json.loads(await ws.recv()))
+        return seen
+
+    seen = asyncio.run(until_the_end())
+    points = [(p["name"], p["step"]) for m in seen if m["type"] == "metrics" for p in m["points"] if p["seq"] == -1]
+    assert points == [("train/loss", step) for step in range(4)]
+    assert seen[-1]["state"] == State.SUCCEEDED
