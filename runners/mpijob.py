@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import kueue
-from .artifacts import OUTPUT_DIR_VAR
+from .artifacts import CHECKPOINT_VAR, OUTPUT_DIR_VAR
 from .base import BLACKLIST_COOLDOWN
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
@@ -76,18 +76,29 @@ class ClusterSpec:
     artifacts_volume: str = ""
 
 
-# Where a job's pods see their part of the cluster's artifacts volume (RINGMASTER_OUTPUT_DIR).
+# Where a job's pods see their part of the cluster's artifacts volume (RINGMASTER_OUTPUT_DIR), and
+# a rerun's pods the part of the job it reruns (RINGMASTER_CHECKPOINT names a file there).
 OUTPUT_MOUNT = "/ringmaster/output"
+CHECKPOINT_MOUNT = "/ringmaster/checkpoint"
 
 
 def artifacts_volume(spec, cluster):
-    """([volume], [mount], {RINGMASTER_OUTPUT_DIR: ...}) of the cluster's artifacts volume, each
-    job in a sub-path of its own name; nothing where the cluster names none."""
+    """([volume], [mounts], {RINGMASTER_OUTPUT_DIR: ...}) of the cluster's artifacts volume, each
+    job in a sub-path of its own name; nothing where the cluster names none. A rerun from a
+    checkpoint (spec.checkpoint: the folder the portal reads the parent's files in, whose last
+    part is the parent's sub-path, and the file's name there) mounts the parent's sub-path too,
+    read-only, and RINGMASTER_CHECKPOINT names the file in it."""
     if not cluster.artifacts_volume:
         return [], [], {}
     volume = {"name": "artifacts", "persistentVolumeClaim": {"claimName": cluster.artifacts_volume}}
-    mount = {"name": "artifacts", "mountPath": OUTPUT_MOUNT, "subPath": spec.name}
-    return [volume], [mount], {OUTPUT_DIR_VAR: OUTPUT_MOUNT}
+    mounts = [{"name": "artifacts", "mountPath": OUTPUT_MOUNT, "subPath": spec.name}]
+    env = {OUTPUT_DIR_VAR: OUTPUT_MOUNT}
+    if spec.checkpoint is not None:
+        folder, name = spec.checkpoint
+        mounts.append({"name": "artifacts", "mountPath": CHECKPOINT_MOUNT, "subPath": Path(folder).name,
+                       "readOnly": True})
+        env[CHECKPOINT_VAR] = f"{CHECKPOINT_MOUNT}/{name}"
+    return [volume], mounts, env
 
 
 class InvalidMPIJob(ValueError):

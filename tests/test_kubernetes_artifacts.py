@@ -1,9 +1,12 @@
 """A cluster's artifacts volume, mounted on the portal too (Cluster.artifacts_path): the job page
 and the API list and serve the files a Kubernetes job wrote under the sub-path its pods mount."""
 import html
+import json
+import os
 
 import pytest
 
+from jobs import backends
 from jobs.backends.kubernetes.clusters import render
 from jobs.backends.kubernetes.models import Cluster
 from jobs.models import Image, Job, State
@@ -120,3 +123,40 @@ def test_they_count_against_the_owners_storage_quota_and_go_after_the_retention_
         days=settings.RINGMASTER_ARTIFACT_RETENTION_DAYS + 1))
     assert artifacts.expire() == 1
     assert not written.exists() and volume.exists()
+
+
+@pytest.mark.parametrize("launcher", ["horovod", "torchrun"])
+def test_a_rerun_from_checkpoint_mounts_the_jobs_folder_read_only_and_names_the_newest_match(client, job, volume,
+                                                                                              launcher):
+    Job.objects.filter(pk=job.pk).update(checkpoint_pattern="checkpoints/*.pt", launcher=launcher)
+    job.image.launchers = "horovod,torchrun"
+    job.image.save()
+    written = volume / mounted_sub_path(job)
+    (written / "checkpoints").mkdir(parents=True)
+    for step in (10, 20):
+        (written / "checkpoints" / f"step-{step}.pt").write_bytes(b"w")
+    os.utime(written / "checkpoints" / "step-10.pt", (1, 1))          # step-20 is the newest
+
+    client.force_login(job.owner)
+    response = client.post(f"/api/jobs/{job.pk}/rerun-from-checkpoint/")
+    assert response.status_code == 201, response.content.decode()
+    rerun = Job.objects.get(pk=response.json()["id"])
+    assert (rerun.parent_id, rerun.checkpoint, rerun.backend) == (job.pk, "checkpoints/step-20.pt", "kubernetes")
+
+    kind, document = render(rerun)
+    assert backends.of(rerun).document_problems(document) == []          # the CRD's schema holds
+    mounts = [m for m in _all(document, "volumeMounts") if m["mountPath"] == mpijob.CHECKPOINT_MOUNT]
+    assert mounts and all(m == {"name": "artifacts", "mountPath": "/ringmaster/checkpoint",
+                                "subPath": mounted_sub_path(job), "readOnly": True} for m in mounts)
+    assert {"name": "RINGMASTER_CHECKPOINT", "value": "/ringmaster/checkpoint/checkpoints/step-20.pt"} in \
+        _all(document, "env")
+
+
+def _all(node, key):
+    """Every item of every list under `key` anywhere in `node`."""
+    if isinstance(node, dict):
+        here = node.get(key) if isinstance(node.get(key), list) else []
+        return here + [item for value in node.values() for item in _all(value, key)]
+    if isinstance(node, list):
+        return [item for value in node for item in _all(value, key)]
+    return []

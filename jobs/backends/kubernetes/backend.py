@@ -124,6 +124,9 @@ class KubernetesBackend(Backend):
                       "artifacts volume, where the admin names one, and the portal lists it once the admin mounts "
                       "that volume on the portal too (deploy/KUBERNETES.md).")
 
+    # A rerun's pods mount the parent's sub-path of the volume read-only (runners.mpijob.artifacts_volume).
+    takes_checkpoints = True
+
     def artifacts_root(self, job):
         """The job's sub-path of its cluster's artifacts volume, where the portal mounts it too
         (Cluster.artifacts_path); None where it does not."""
