@@ -47,6 +47,11 @@ class JobSpec:
     checkpoint: tuple[str, str] | None = None
 
     @property
+    def checkpoint_file(self):
+        """The checkpoint's file name in the job's checkpoint folder (its last part), or None."""
+        return self.checkpoint[1].rsplit("/", 1)[-1] if self.checkpoint is not None else None
+
+    @property
     def name(self):
         """The name every backend derives from the portal's id and the job id (job folders,
         MPIJobs): unique per installation, and a valid DNS-1035 label."""

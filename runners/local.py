@@ -117,8 +117,7 @@ class LocalRunner(Runner):
         return env
 
     def _checkpoint_path(self, spec):
-        name = spec.checkpoint[1].rsplit("/", 1)[-1]
-        return self.job_dir(spec) / artifacts.CHECKPOINT_DIR / name
+        return self.job_dir(spec) / artifacts.CHECKPOINT_DIR / spec.checkpoint_file
 
     def _needs(self, spec):
         """What a job reads besides the machine's system folders: the installation of its

@@ -7,8 +7,13 @@ the same paths everywhere (Gloo runs every rank in the launcher's working direct
 - the job's own folder, <work_dir>/<spec.name>/, mode 0700: the script, ringmaster_metrics.py,
   the rank launcher and what the job writes. The ranks run there.
 - its control folder, <work_dir>/.portal/<spec.name>/, mode 0700 and the SSH account's: what the
-  portal trusts (output.log, pid, exit_code, the elastic job's hosts file and discovery script)
-  and RANK_WRAPPER, which starts each rank. horovodrun runs there.
+  portal trusts (output.log, pid, exit_code, the elastic job's hosts file and discovery script,
+  the name of a rerun's checkpoint) and RANK_WRAPPER, which starts each rank. horovodrun runs there.
+
+A rerun from a checkpoint (JobSpec.checkpoint) gets the file on every host before the launch: sent
+over SFTP (or through `cat` where the server has no SFTP) into the control folder, then moved into
+the job's folder, <job>/checkpoint/<name>, as the job (INSTALL_CHECKPOINT). RANK_WRAPPER names it
+in RINGMASTER_CHECKPOINT for each rank, with the path on the rank's own host.
 
 Where the instance's account is root or may run `sudo -n`, and setpriv is there, each job runs
 under a uid of its own (PREPARE picks it, the control folder keeps it): its folder is that uid's,
@@ -42,6 +47,7 @@ This module never imports Django: it gets a JobSpec and plain Host records.
 import io
 import os
 import re
+import secrets
 import shlex
 import socket
 import stat
@@ -54,7 +60,7 @@ from pathlib import Path
 import paramiko
 
 from . import gpus, launchers, telemetry
-from .artifacts import OUTPUT_DIR, OUTPUT_DIR_VAR
+from .artifacts import CHECKPOINT_DIR, CHECKPOINT_VAR, OUTPUT_DIR, OUTPUT_DIR_VAR, open_artifact
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
@@ -66,8 +72,10 @@ POLLED_STATUS_SECONDS = 1.0    # polling output: is the launcher alive, when a r
 STREAMED_STATUS_SECONDS = 5.0  # streaming: the stream ends with the launcher; this notices a silent host
 TROUBLE_SAID_AFTER = 10.0     # seconds of trouble reaching a host before the job's reason says so
 MIN_FREE_KB = 10 * 1024
+COPY_BYTES_PER_SECOND = 20e6  # the slowest disk an instance's copy of a checkpoint is given time for
 CONTROL = ".portal"          # <work_dir>/.portal/<job>/: the control folders (a job's name never starts with a dot)
 RANK_WRAPPER = "run-rank"
+CHECKPOINT_NAME = "checkpoint-name"   # in the control folder: the rerun's checkpoint, once in the job's folder
 NO_HOST_KEY = object()
 
 
@@ -187,13 +195,16 @@ def connect(host, timeout=10.0):
 
 
 def execute(client, command, stdin=None, timeout=60.0, decode=True):
-    """Run `command` (a shell string, already quoted) on the host; (exit code, stdout, stderr),
-    stdout as bytes where decode is False."""
+    """Run `command` (a shell string, already quoted) on the host, with `stdin` (bytes or an open
+    binary file) as its input; (exit code, stdout, stderr), stdout as bytes where decode is False."""
     chan = client.get_transport().open_session(timeout=timeout)
     chan.settimeout(timeout)
     chan.exec_command(command)
-    if stdin is not None:
+    if isinstance(stdin, (bytes, bytearray)):
         chan.sendall(stdin)
+    elif stdin is not None:                 # an open file: sent in pieces
+        while chunk := stdin.read(READ_CHUNK):
+            chan.sendall(chunk)
     chan.shutdown_write()
     out, err = bytearray(), bytearray()
 
@@ -329,11 +340,33 @@ UPLOAD_JOB = AT_CONTROL + AS_JOB + r"""
 at_control "$1" || exit 3
 as_job /bin/sh -c 'cd -- "$1" && cat > ".$2.$$.tmp" && mv -f -- ".$2.$$.tmp" "$2"' upload "$job" "$2"
 """
+# Move a rerun's checkpoint, sent into the control folder $1 as file $2, to <job>/checkpoint/$3
+# as the job's uid (as UPLOAD_JOB writes), then note its name in the control folder: RANK_WRAPPER
+# names the file to each rank, and a retried launch finds it there and sends nothing.
+INSTALL_CHECKPOINT = AT_CONTROL + AS_JOB + r"""
+at_control "$1" || exit 3
+as_job /bin/sh -c 'cd -- "$1" && mkdir -p -- "$2" && chmod 700 -- "$2" && cd -- "$2" &&
+    cat > ".$3.$$.tmp" && mv -f -- ".$3.$$.tmp" "$3"' install "$job" """ + CHECKPOINT_DIR + r""" "$3" < "$c/$2" ||
+    { rm -f -- "$c/$2"; exit 3; }
+rm -f -- "$c/$2"
+n=""" + CHECKPOINT_NAME + r"""
+printf '%s' "$3" > "$c/.$n.$$.tmp" && mv -f -- "$c/.$n.$$.tmp" "$c/$n"
+"""
+# Whether the job's folder holds its checkpoint already (INSTALL_CHECKPOINT ran). $1 control folder.
+HAS_CHECKPOINT = r"""
+[ -s "$1/""" + CHECKPOINT_NAME + r"""" ] && echo installed
+exit 0
+"""
 # Starts one rank (horovodrun runs it on every host, in the control folder): in the job's own
-# folder, as the job's uid where there is one, whose home that folder is.
+# folder, as the job's uid where there is one, whose home that folder is, with
+# RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder.
 RANK_WRAPPER_TEXT = "#!/bin/sh\n" + AT_CONTROL + AS_JOB + r"""
 at_control . || exit 3
 box=1 run=exec
+if [ -s "$c/""" + CHECKPOINT_NAME + r"""" ]; then
+    name=$(cat "$c/""" + CHECKPOINT_NAME + r""""; echo x)
+    """ + CHECKPOINT_VAR + r"""=$job/""" + CHECKPOINT_DIR + r"""/${name%x}; export """ + CHECKPOINT_VAR + r"""
+fi
 if [ -s "$c/uid" ]; then set -- env HOME="$job" PATH="$PATH" "$@"; fi
 as_job /bin/sh -c 'cd -- "$0" && exec "$@"' "$job" "$@"
 """
@@ -693,6 +726,25 @@ class StreamOutput:
             self.polling.close()
 
 
+def send_file(client, source, path, timeout):
+    """Copy the open local file `source` to `path` on the host: over SFTP, or through `cat` where
+    the server offers no SFTP."""
+    try:
+        sftp = client.open_sftp()
+    except paramiko.SSHException:          # "subsystem request failed": no SFTP on this sshd
+        if not client.get_transport() or not client.get_transport().is_active():
+            raise
+        code, out, err = execute(client, sh('cat > "$1"', path), stdin=source, timeout=timeout)
+        if code != 0:
+            raise InstanceError(f"cannot write {path}: {(err or out).strip() or f'exit code {code}'}")
+        return
+    try:
+        sftp.get_channel().settimeout(timeout)
+        sftp.putfo(source, path, confirm=True)
+    finally:
+        sftp.close()
+
+
 def open_output(client, directory, timeout, wait=None):
     """A reader of the job's output.log: a stream where `wait` is given (a follow waits on its
     channel, and polls at most `wait` seconds apart where the host cannot stream); else polling
@@ -787,7 +839,8 @@ class SSHRunner(Runner):
 
     def _prepare(self, host, spec):
         """The job's folders on `host` (PREPARE) and its files: the rank wrapper in the control
-        folder, the script, the rank launcher and its argv in the job's own. Returns PREPARE's
+        folder, the script, the rank launcher and its argv (and a rerun's checkpoint) in the job's
+        own. Returns PREPARE's
         word for how the job runs there ("uid N" or "shared")."""
         client = self._connect(host)
         try:
@@ -796,6 +849,8 @@ class SSHRunner(Runner):
             if code != 0:
                 raise InstanceError(f"{host.where()}: cannot make the job directory {host.job_dir(spec)}: "
                                     f"{(err or out).strip() or f'exit code {code}'}")
+            if spec.checkpoint is not None:
+                self._put_checkpoint(client, host, spec)
         finally:
             client.close()
         files = {name: (JOB_PYTHON / name).read_bytes() for name in ("ringmaster_metrics.py", "ringmaster_rank.py")}
@@ -806,6 +861,30 @@ class SSHRunner(Runner):
         self._write(host, spec, {RANK_WRAPPER: RANK_WRAPPER_TEXT.encode()}, control=True)
         self._write(host, spec, files)
         return out.strip().splitlines()[-1] if out.strip() else ""
+
+    def _put_checkpoint(self, client, host, spec):
+        """Put a rerun's checkpoint (spec.checkpoint, a file on this machine) in the job's folder
+        on `host`, once: a retried launch finds it there (HAS_CHECKPOINT) and sends nothing."""
+        control = host.control_dir(spec)
+        _, out, _ = execute(client, sh(HAS_CHECKPOINT, control))
+        if out.strip() == "installed":
+            return
+        root, name = spec.checkpoint
+        try:
+            source = open_artifact(root, name)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"the checkpoint {name} this job starts from is gone "
+                                    f"(deleted since, or never kept)") from None
+        sent = f".checkpoint.{secrets.token_hex(8)}.part"     # this launch's own: another may run at once
+        with source:
+            size = os.fstat(source.fileno()).st_size
+            send_file(client, source, f"{control}/{sent}", max(self.connect_timeout, 30))
+        # The copy into the job's folder takes a while for a large file: no output comes meanwhile.
+        code, out, err = execute(client, sh(INSTALL_CHECKPOINT, control, sent, spec.checkpoint_file),
+                                 timeout=max(60.0, size / COPY_BYTES_PER_SECOND))
+        if code != 0:
+            raise InstanceError(f"{host.where()}: cannot put the checkpoint {name} in {host.job_dir(spec)}: "
+                                f"{(err or out).strip() or f'exit code {code}'}")
 
     def _write(self, host, spec, files, control=False):
         """Write {name: bytes} into the job's folder on `host` (as the job), or its control

@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from jobs import backends
+from jobs.backends.instances.models import Instance
 from jobs.domain import artifacts as job_artifacts
 from jobs.models import Job, Quota, Script, State
 from runners import artifacts
@@ -200,12 +201,25 @@ def test_the_local_runner_gives_the_job_its_output_folder_and_checkpoint(tmp_pat
     assert Path(env["RINGMASTER_CHECKPOINT"]).is_relative_to(runner.job_dir(spec).resolve())
 
 
-def test_an_instance_jobs_artifacts_come_from_the_portals_storage_and_its_rerun_from_checkpoint_is_refused(
-        alice, image, api_client, settings):
+def test_an_instance_jobs_artifacts_come_from_the_portals_storage_and_its_rerun_starts_from_there(
+        alice, image, api_client, settings, django_capture_on_commit_callbacks):
     job = make_job(alice, image, state=State.SUCCEEDED, backend="instances", checkpoint_pattern="*.pt")
     assert backends.of(job).artifacts_root(job).parent == settings.RINGMASTER_ARTIFACTS_DIR   # no job sees it
     write(output_of(job), "epoch-1.pt", b"brought back")
     api = api_client(alice)
     assert b"".join(api.get(f"/api/jobs/{job.pk}/artifacts/epoch-1.pt").streaming_content) == b"brought back"
-    response = api.post(f"/api/jobs/{job.pk}/rerun-from-checkpoint/")
-    assert response.status_code == 400 and "only on this machine" in response.json()["checkpoint_pattern"][0]
+    Instance.objects.create(name="gpu-a", host="gpu-a.example", user="u", gpus=1, healthy=True)
+    with django_capture_on_commit_callbacks():
+        response = api.post(f"/api/jobs/{job.pk}/rerun-from-checkpoint/")
+    assert response.status_code == 201, response.content
+    new = Job.objects.get(pk=response.json()["id"])
+    assert (new.backend, new.checkpoint) == ("instances", "epoch-1.pt")
+    assert backends.job_spec(new).checkpoint == (str(output_of(job)), "epoch-1.pt")
+
+
+def test_a_rerun_from_checkpoint_on_a_backend_that_cannot_give_one_is_a_400_naming_it(alice, image, api_client):
+    job = make_job(alice, image, state=State.SUCCEEDED, backend="machines", checkpoint_pattern="*.pt")
+    write(output_of(job), "epoch-1.pt", b"kept")
+    response = api_client(alice).post(f"/api/jobs/{job.pk}/rerun-from-checkpoint/")
+    assert response.status_code == 400
+    assert response.json()["checkpoint_pattern"] == ["The Machines (tests) backend cannot give a new job a checkpoint."]

@@ -157,5 +157,5 @@ def no_checkpoint(job):
     if root(job) is None:
         return note(job) or "The job's artifacts are not kept by the portal."
     if not _takes_checkpoints(job):
-        return "A rerun from checkpoint runs only on this machine (the local backend) so far."
+        return f"The {backends.label(job.backend)} backend cannot give a new job a checkpoint."
     return f"No artifact of job {job.pk} matches {job.checkpoint_pattern}."

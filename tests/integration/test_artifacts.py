@@ -1,16 +1,22 @@
 """Artifacts of real jobs (issue 44, part 4): a file a job writes under RINGMASTER_OUTPUT_DIR
 downloads byte for byte through the API, from this machine and from an SSH instance (brought back
 over SFTP when the job ends, within the owner's storage quota), and a rerun from checkpoint hands
-the new job the newest matching file in RINGMASTER_CHECKPOINT."""
+the new job the newest matching file in RINGMASTER_CHECKPOINT, here and on every host of a job on
+instances."""
 import hashlib
+import os
+import sys
 
 import pytest
 from django.core.management import call_command
 
+from jobs.installation import installation_id
 from jobs.models import Job, State
+from runners import ssh
+from runners.base import JobSpec
 from tests import sshd
-from tests.conftest import wait_for
-from tests.integration.test_instances import add_instance, sshds  # noqa: F401  (the fixture)
+from tests.conftest import run_to_end, wait_for
+from tests.integration.test_instances import add_instance, sshd_without_sftp, sshds  # noqa: F401  (fixtures)
 from tests.integration.test_job_lifecycle import stored_lines, submit, upload, wait_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -84,6 +90,94 @@ def test_an_instances_file_is_brought_back_at_the_end_and_the_storage_quota_stop
     assert "storage quota" in job.artifacts_note
     assert listed(http, over) == {}
     assert job.artifacts_bytes == 0
+
+
+# Rank 0 writes a checkpoint; every rank says where RINGMASTER_CHECKPOINT is on its host and the
+# sha256 of what it holds.
+RANK_CHECKPOINT = b"""
+import hashlib, os, sys
+rank = os.environ.get("HOROVOD_RANK", "0")
+given = os.environ.get("RINGMASTER_CHECKPOINT")
+if given:
+    digest = hashlib.sha256(open(given, "rb").read()).hexdigest()
+    print("CHECKPOINT", os.environ["HOROVOD_HOSTNAME"], given, digest, flush=True)
+if rank == "0":
+    with open(os.path.join(os.environ["RINGMASTER_OUTPUT_DIR"], "model.pt"), "wb") as f:
+        f.write(bytes(range(256)) * 4000 + sys.argv[1].encode())
+"""
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_a_rerun_from_checkpoint_on_two_instances_gives_every_rank_the_file_on_its_host(http, sshds):  # noqa: F811
+    add_instance(sshds, "gpu-a", "127.0.0.2", 1)
+    add_instance(sshds, "gpu-b", "127.0.0.3", 1)
+    checkpoint = bytes(range(256)) * 4000 + b"epoch-9"
+    job_id = submit(http, gpus=2, script=upload(http, RANK_CHECKPOINT, "ckpt.py"), args=["epoch-9"],
+                    backend="instances", checkpoint_pattern="*.pt")
+    job = wait_state(job_id, ENDED, timeout=240)
+    assert job.state == State.SUCCEEDED, job.reason
+    wait_for(lambda: Job.objects.get(pk=job_id).artifacts_bytes == len(checkpoint), message="the checkpoint brought back")
+
+    response = http.post(f"{http.base}/api/jobs/{job_id}/rerun-from-checkpoint/")
+    assert response.status_code == 201, response.text
+    rerun = response.json()["id"]
+    job = wait_state(rerun, ENDED, timeout=240)
+    assert job.state == State.SUCCEEDED, job.reason
+    said = sorted((line.rank, *line.text.split()[1:]) for line in stored_lines(rerun)
+                  if line.text.startswith("CHECKPOINT"))
+    sha = hashlib.sha256(checkpoint).hexdigest()
+    where = os.path.realpath(sshds["work_dir"] / f"rm-{installation_id()}-{rerun}" / "checkpoint" / "model.pt")
+    assert said == [(0, "127.0.0.2", where, sha), (1, "127.0.0.3", where, sha)]
+    assert Job.objects.get(pk=rerun).checkpoint == "model.pt"
+
+
+def checkpoint_job(job_id, source, launcher="horovod"):
+    """A rerun of `source`'s model.pt: it prints the first bytes of RINGMASTER_CHECKPOINT."""
+    return JobSpec(job_id=job_id, gpus=1, python=sys.executable, script_name="job.py", installation="rerun",
+                   launcher=launcher,
+                   script_content="import os; print(open(os.environ['RINGMASTER_CHECKPOINT'], 'rb').read()[:7])",
+                   script_path=None, checkpoint=(str(source), "model.pt"))
+
+
+def kept_checkpoint(tmp_path):
+    source = tmp_path / "kept"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"weights" * 1000)
+    return source
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_a_retried_launch_on_an_instance_sends_the_checkpoint_once(sshds, tmp_path):  # noqa: F811
+    source, work = kept_checkpoint(tmp_path), tmp_path / "work"
+    host = ssh.Host(name="instance-a", address="127.0.0.2", port=sshds["port"], user="root",
+                    private_key=sshds["key"].read_text(), slots=1, work_dir=str(work))
+    job = checkpoint_job(5, source)
+    lines, exited = run_to_end(ssh.SSHRunner([host], poll_interval=0.1), job)
+    assert exited.code == 0 and [line.text for line in lines] == ["b'weights'"]
+
+    os.remove(source / "model.pt")                 # a retried launch needs it no more
+    started = ssh.SSHRunner([host], poll_interval=0.1).launch(job)
+    assert started.already_running, started
+    assert (work / job.name / "checkpoint" / "model.pt").read_bytes() == b"weights" * 1000
+    assert [name for name in os.listdir(work / ".portal" / job.name) if name.endswith(".part")] == []
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_a_torchrun_rerun_on_an_instance_gets_the_checkpoint(sshds, tmp_path):  # noqa: F811
+    host = ssh.Host(name="instance-b", address="127.0.0.3", port=sshds["port"], user="root",
+                    private_key=sshds["key"].read_text(), slots=1, work_dir=str(tmp_path / "work"))
+    job = checkpoint_job(7, kept_checkpoint(tmp_path), launcher="torchrun")
+    lines, exited = run_to_end(ssh.SSHRunner([host], poll_interval=0.1), job)
+    assert exited.code == 0, [line.text for line in lines]
+    assert [line.text for line in lines if line.rank == 0] == ["b'weights'"]
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_an_instance_without_sftp_gets_the_checkpoint_through_exec(sshds, sshd_without_sftp, tmp_path):  # noqa: F811
+    host = ssh.Host(name="no-sftp", address="127.0.0.4", port=sshd_without_sftp.port, user="root",
+                    private_key=sshds["key"].read_text(), slots=1, work_dir=str(tmp_path / "work"))
+    lines, exited = run_to_end(ssh.SSHRunner([host], poll_interval=0.1), checkpoint_job(6, kept_checkpoint(tmp_path)))
+    assert exited.code == 0 and [line.text for line in lines] == ["b'weights'"]
 
 
 TB_WRITER = b'''

@@ -362,6 +362,7 @@ class InstancesBackend(Backend):
         )
 
     fetches_artifacts = True
+    takes_checkpoints = True
 
     def collect_artifacts(self, job, room):
         """Bring the job's output folder back from the instance that ran its launcher, over SFTP
