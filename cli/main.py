@@ -1,4 +1,5 @@
-"""`ringmaster`: submit, follow, list, tag, annotate and cancel jobs from a terminal.
+"""`ringmaster`: submit, follow, list, tag, annotate and cancel jobs from a terminal, and manage
+where their notifications go (cli/notifications.py).
 
 A plain client of the REST API and the job websocket (contracts in DESIGN.md). It imports
 nothing of the portal and no Django, so it runs wherever `requests` and `websockets` are.
@@ -25,6 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import connect
+
+from cli import notifications
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -116,7 +119,9 @@ class Client:
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Token {config.token}"
 
-    def request(self, method, path, expect=(200,), **kwargs):
+    def request(self, method, path, expect=(200,), missing="not found", **kwargs):
+        """The JSON of an answer whose status is in `expect` (None for 204); a 404 is NotFound
+        saying `missing`."""
         url = self.config.url + path
         try:
             response = self.session.request(method, url, timeout=HTTP_TIMEOUT, **kwargs)
@@ -124,12 +129,12 @@ class Client:
             raise Unreachable(f"cannot reach the portal at {self.config.url} ({exc.__class__.__name__})") from None
         status = response.status_code
         if status in expect:
-            return _json(response)
+            return _json(response) if status != 204 else None
         if status in (401, 403):
             raise CliError(f"the portal refused the token (HTTP {status}). "
                            + TOKEN_HELP.format(path=self.config.path), code=2)
         if status == 404:
-            raise NotFound("not found")
+            raise NotFound(missing)
         if status == 400:
             raise FieldErrors(_json(response))
         if status == 409:
@@ -561,6 +566,7 @@ def build_parser():
 
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
+    notifications.add_command(commands, _positive)
     return parser
 
 
@@ -617,7 +623,7 @@ def _version():
 
 
 COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "tag": cmd_tag, "note": cmd_note, "cancel": cmd_cancel,
-            "backends": cmd_backends}
+            "backends": cmd_backends, "notifications": notifications.run}
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.web import api, artifact_api, backend_api, compare_views
+from jobs.web import api, artifact_api, backend_api, compare_views, notify_api
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -20,4 +20,11 @@ urlpatterns = [
     path("quota/", api.QuotaView.as_view(), name="api-quota"),
     path("backends/", backend_api.BackendList.as_view(), name="api-backends"),
     path("compare/", compare_views.CompareView.as_view(), name="api-compare"),
+    path("notifications/", notify_api.NotificationSettings.as_view(), name="api-notifications"),
+    path("notifications/targets/", notify_api.TargetList.as_view(), name="api-notification-targets"),
+    path("notifications/targets/<id:target_id>/", notify_api.TargetDetail.as_view(), name="api-notification-target"),
+    path("notifications/targets/<id:target_id>/test/", notify_api.TargetTest.as_view(),
+         name="api-notification-target-test"),
+    path("notifications/targets/<id:target_id>/deliveries/", notify_api.TargetDeliveries.as_view(),
+         name="api-notification-target-deliveries"),
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from jobs.models import Job, LogLine, MetricPoint, Script, State
+from jobs.models import Job, LogLine, MetricPoint, NotificationTarget, Script, State
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -246,6 +246,31 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
     assert elastic.returncode == 2
     assert elastic.stderr.strip() == "ringmaster: max_gpus: Most GPUs must be at least GPUs (2)."
     assert Job.objects.count() == before
+
+
+def test_notifications_are_managed_from_the_command_line(env, alice):
+    refused = ringmaster(env, "notifications", "add", "--kind", "webhook", "https://10.1.2.3/hook")
+    assert refused.returncode == 2 and refused.stderr.startswith("ringmaster: address: ") and "private" in refused.stderr
+    added = subprocess.run([str(RINGMASTER), "notifications", "add", "--kind", "email", "--name", "my mail", "-"],
+                           input="alice@example.com\n", env=env, capture_output=True, text=True, timeout=180)
+    assert added.returncode == 0, added.stderr
+    target = NotificationTarget.objects.get(owner=alice)
+    assert added.stdout == f"target {target.pk}: email a…@example.com\n" and target.address() == "alice@example.com"
+
+    changed = ringmaster(env, "notifications", "set", "--on-wait", "--wait-minutes", 45, "--no-on-end")
+    preferences = "notify when: a job waits long (long wait: 45 min, idle: 30 min)"
+    assert (changed.returncode, changed.stdout) == (0, preferences + "\n"), changed.stderr
+    listed = ringmaster(env, "notifications")
+    assert listed.stdout.splitlines() == [preferences, f"{target.pk}\temail\tmy mail\ta…@example.com\tnothing sent"]
+
+    tested = ringmaster(env, "notifications", "test", target.pk)
+    assert (tested.returncode, tested.stdout) == (0, f"test message delivered to target {target.pk}\n"), tested.stderr
+    log = ringmaster(env, "notifications", "log", target.pk)
+    assert [line.split("\t")[1:5] for line in log.stdout.splitlines()] == [["test", "-", "delivered", "1"]]
+    removed = ringmaster(env, "notifications", "remove", target.pk)
+    assert (removed.returncode, removed.stdout) == (0, f"target {target.pk} removed\n")
+    gone = ringmaster(env, "notifications", "test", target.pk)
+    assert (gone.returncode, gone.stderr.strip()) == (1, f"ringmaster: notification target {target.pk} not found")
 
 
 def test_a_refused_token_is_a_clear_error_that_does_not_echo_it(env):
