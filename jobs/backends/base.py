@@ -5,8 +5,8 @@ in settings.RINGMASTER_BACKENDS (jobs.backends loads them, as django.contrib.aut
 AUTHENTICATION_BACKENDS). It answers for its jobs in five places, and nowhere else does the
 portal ask which backend a job has:
 
-- submission: its own fields and limits (clean), what they become on the Job (job_fields) or in
-  its own tables (record(), field_values());
+- submission: its own fields and limits (clean), kept in its own tables (record(),
+  field_values());
 - admission: how many GPUs it can hold (capacity), why a job waits, and what an admitted job
   holds until it ends (admission(), release());
 - running: the runner and what a launch leaves behind (runner(), after_launch());
@@ -272,10 +272,6 @@ class Backend:
 
     def too_large(self, limit):
         return f"The {self.name} backend runs at most {limit} GPUs per job."
-
-    def job_fields(self, data):
-        """The Job fields this backend sets from the cleaned data."""
-        return {}
 
     def record(self, job, data):
         """Keep what the new `job`'s own fields chose (`data`: the cleaned data; e.g. its cluster)

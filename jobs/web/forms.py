@@ -438,7 +438,6 @@ class JobForm(forms.Form):
             "env": data["env"],
             "launcher": data["launcher"],
             "backend": data["backend"].name,
-            **data["backend"].job_fields(data),
             "time_limit_minutes": data["time_limit_minutes"],
             "gpu_model": data.get("gpu_model") or "",
             "charged_group": data.get("group"),      # absent on the page of a user in no group
