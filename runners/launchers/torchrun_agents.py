@@ -46,6 +46,12 @@ POLL_SECONDS = 0.05          # how often the agents are looked at (and an elasti
 # Seconds the rendezvous waits for more agents once it has its minimum (torchrun's default, 30,
 # would hold every start and resize of an elastic job that long).
 LAST_CALL_SECONDS = 3
+# An agent stopped for a shrink (or lost with its host) does not leave the rendezvous: torchrun
+# keeps a signalled agent's place, so that the job can go on. The others restart without it once
+# its heartbeats stop: KEEP_ALIVE_SECONDS apart, missed KEEP_ALIVE_MISSES times (torchrun's
+# defaults, 5 s and 3, would hold every shrink 15 s).
+KEEP_ALIVE_SECONDS = 1
+KEEP_ALIVE_MISSES = 5
 # An elastic job whose agent has finished its workers is ending: the agents still running this
 # long after are stopped. Those of the last world end within it (torchrun's exit barrier); one
 # started by a late growth waits for a rendezvous whose keeper is gone, 60 s and more.
@@ -76,7 +82,8 @@ class Agent:
         nnodes = f"{elastic['min']}:{elastic['max']}" if elastic else str(len(plan["hosts"]))
         conf = f"is_host={'true' if self.keeps_rendezvous else 'false'}"
         if elastic:
-            conf += f",last_call_timeout={LAST_CALL_SECONDS}"
+            conf += (f",last_call_timeout={LAST_CALL_SECONDS},keep_alive_interval={KEEP_ALIVE_SECONDS}"
+                     f",keep_alive_max_attempt={KEEP_ALIVE_MISSES}")
         return [plan["wrapper"], plan["python"], "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                 f"--nproc-per-node={self.count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                 f"--rdzv-id={plan['id']}", f"--rdzv-conf={conf}", f"--local-addr={self.host['address']}",
