@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 # Trains until a file "go" appears in the job's folder, then 3 steps more. Every worker saves the
 # step it reached (checkpoint.pt, atomically) and a restarted world resumes from the newest one;
-# each worker says the GPU it sees once, rank 0 says each step and the world it ran in.
+# each worker says the GPU it sees once, rank 0 says each step and the world it ran in. A step
+# every half second, as in test_elastic_jobs.
 ELASTIC = b"""
 import os, time
 import torch, torch.distributed as dist
@@ -54,7 +55,7 @@ while last is None or step < last:
         print(f"STEP {step} size={int(total.item())}", flush=True)
     torch.save({"step": step}, f"checkpoint.pt.{os.getpid()}")
     os.replace(f"checkpoint.pt.{os.getpid()}", "checkpoint.pt")
-    time.sleep(0.2)
+    time.sleep(0.5)
 if rank == 0:
     print(f"DONE step={step} size={world}", flush=True)
 dist.destroy_process_group()
