@@ -373,15 +373,14 @@ def write_paced(path, rate, seconds, ranks, seed=0):
 def start_paced_writer(job_id, rate, seconds, ranks, seed=0):
     """A process that 'is' horovodrun for the local runner: writes output.log at a steady rate,
     recorded in the job's pid file so the runner sees it alive until it writes exit_code."""
-    import psutil
+    from runners.local import start_ticks
 
     directory = job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen([PYTHON, str(Path(__file__)), "write", "--out", str(directory / "output.log"),
                                 "--rate", str(rate), "--seconds", str(seconds), "--ranks", str(ranks),
                                 "--seed", str(seed)], cwd=directory, start_new_session=True)
-    created = psutil.Process(process.pid).create_time()
-    (directory / "pid.tmp").write_text(f"{process.pid} {created}\n")
+    (directory / "pid.tmp").write_text(f"{process.pid} {start_ticks(process.pid)}\n")
     (directory / "pid.tmp").rename(directory / "pid")
     return process
 

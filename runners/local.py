@@ -185,9 +185,8 @@ class LocalRunner(Runner):
                     cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
-            created = psutil.Process(process.pid).create_time()
             tmp = control / "pid.tmp"
-            tmp.write_text(f"{process.pid} {created}\n")
+            tmp.write_text(f"{process.pid} {start_ticks(process.pid)}\n")
             tmp.rename(pid_file)
             # Reap it when it ends, so no zombie lingers while this worker lives.
             threading.Thread(target=process.wait, daemon=True).start()
@@ -357,6 +356,19 @@ class WriteWatch:
         self.close()
 
 
+def start_ticks(pid):
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat, proc(5)):
+    with its pid, what tells it from a later process given the same pid. Not the wall-clock start
+    time, which moves whenever the clock is stepped (psutil adds the boot time that /proc/stat
+    gives at each call): a launcher would look gone. ProcessLookupError if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    return int(fields[19])       # the fields after the name start at the third, state
+
+
 class LauncherWatch:
     """Whether the job's launcher (its `pid` file: pid and start time) still runs, and once it
     is known to, a pidfd of it (`fd`): readable when it ends, so that a follower of a quiet job
@@ -374,11 +386,11 @@ class LauncherWatch:
             poll.register(self.fd, select.POLLIN)
             return not poll.poll(0)                 # readable: it has ended
         try:
-            pid, created = (self.directory / "pid").read_text().split()
+            pid, started = (self.directory / "pid").read_text().split()
             process = psutil.Process(int(pid))
-            if process.create_time() != float(created) or process.status() == psutil.STATUS_ZOMBIE:
+            if start_ticks(process.pid) != int(started) or process.status() == psutil.STATUS_ZOMBIE:
                 return False
-        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
+        except (FileNotFoundError, ProcessLookupError, ValueError, psutil.NoSuchProcess):
             return False
         try:
             fd = os.pidfd_open(process.pid)

@@ -2,11 +2,12 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
 from runners.base import JobSpec, Output, waited
-from runners.local import LocalRunner
+from runners.local import LauncherWatch, LocalRunner
 from tests.conftest import run_to_end, wait_for
 
 SCRIPT = """
@@ -118,6 +119,28 @@ def test_a_follower_sleeps_while_the_job_is_quiet_and_wakes_when_it_prints_or_en
         assert event.code == 0 and time.monotonic() - touched < 2.0
     finally:
         runner.cancel(spec)                        # a failed check leaves no rank waiting for 'go'
+
+
+def test_a_launcher_is_known_by_its_start_in_ticks_since_boot_so_a_reused_pid_is_not_it(tmp_path):
+    """The pid file names the launcher by its pid and the kernel's start time in clock ticks since
+    boot (proc(5), /proc/PID/stat field 22), which no step of the wall clock moves; the same pid
+    with another start is another process, and the launcher counts as gone."""
+    spec = JobSpec(job_id=424252, gpus=1, python=sys.executable, script_name="s.py", script_path=None,
+                   script_content="import time\ntime.sleep(600)\n")
+    runner = LocalRunner(tmp_path)
+    runner.launch(spec)
+    control = runner.control_dir(spec)
+    try:
+        pid, started = (control / "pid").read_text().split()
+        kernel = subprocess.run(["awk", "{print $22}", f"/proc/{pid}/stat"], capture_output=True, text=True).stdout
+        assert started == kernel.strip()
+        with LauncherWatch(control) as watch:
+            assert watch.alive()
+        (control / "pid").write_text(f"{pid} {int(started) + 1}\n")
+        with LauncherWatch(control) as watch:
+            assert not watch.alive()
+    finally:
+        runner.cancel(spec)
 
 
 def test_a_launcher_killed_without_an_exit_code_wakes_its_quiet_follower_at_once(tmp_path):
