@@ -155,7 +155,7 @@ def test_gpus_a_queued_job_cannot_use_yet_are_lent_and_it_takes_them_back_to_sta
     end(one)                                             # 1 free and 2 lent: enough for it
     assert scheduler.admit() == [queued.pk]
     assert reload(job).size == 1
-    assert size_events(job)[-1] == (1, f"shrank to 1 GPUs for job {queued.pk}")
+    assert size_events(job)[-1] == (1, f"shrank to 1 GPU for job {queued.pk}")
     assert quotas.QuotaBook().backend_gpus("local") == 4
 
 
