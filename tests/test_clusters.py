@@ -8,6 +8,7 @@ import yaml
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobs.backends.kubernetes.clusters import render
 from jobs.backends.kubernetes.models import Cluster
@@ -115,6 +116,30 @@ def test_with_two_clusters_the_job_must_name_one(alice_api, cluster, k8s_image):
     assert response.json()["cluster"] == ["Choose a cluster: gpu-east, gpu-west."]
     response = submit(alice_api, cluster="gpu-west")
     assert response.status_code == 201 and response.json()["cluster"] == "gpu-west"
+
+
+def test_the_job_list_names_each_jobs_cluster_in_as_many_queries_for_many_jobs_as_for_two(alice, alice_api, cluster,
+                                                                                      k8s_image):
+    other = Cluster.objects.create(name="gpu-west", namespace="training", gpus_per_node=4)
+
+    def job(on):
+        return on_cluster(Job.objects.create(owner=alice, image=k8s_image, gpus=2, script_path="/t.py",
+                                             backend="kubernetes", time_limit_minutes=5), on).pk
+
+    def listed():
+        with CaptureQueriesContext(connection) as captured:
+            response = alice_api.get("/api/jobs/?limit=100")
+        assert response.status_code == 200
+        return {row["id"]: row["cluster"] for row in response.json()["results"]}, len(captured)
+
+    expected = {job(cluster): "gpu-east", job(other): "gpu-west"}
+    few, queries = listed()
+    assert few == expected
+    expected |= {job(cluster if i % 2 else other): "gpu-east" if i % 2 else "gpu-west" for i in range(20)}
+    expected[job(None)] = None                                  # a job on no cluster (left from before one was chosen)
+    many, more_queries = listed()
+    assert many == expected
+    assert more_queries == queries
 
 
 @pytest.mark.parametrize(("data", "field", "message"), [

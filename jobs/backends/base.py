@@ -282,6 +282,11 @@ class Backend:
         job page show of it, and what a rerun submits again."""
         return {}
 
+    def field_values_of(self, jobs):
+        """field_values of many of its jobs at once, {job pk: values}: what a page of the job list
+        asks. A backend whose values cost a query per job reads them all in one here."""
+        return {job.pk: self.field_values(job) for job in jobs}
+
     # --- admission --------------------------------------------------------------------------
     def capacity(self):
         """GPUs this backend can run at once; None where it queues beyond its size itself."""

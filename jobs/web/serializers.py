@@ -38,7 +38,8 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 @extend_schema_field(OpenApiTypes.STR)
 class BackendValue(serializers.Field):
-    """One of a job's backend's own fields (Backend.field_values), read once per job."""
+    """One of a job's backend's own fields (Backend.field_values), read once per job, or once per
+    backend for a list of jobs (JobListSerializer)."""
 
     def __init__(self, name, **kwargs):
         super().__init__(source="*", read_only=True, allow_null=True, **kwargs)
@@ -51,6 +52,25 @@ class BackendValue(serializers.Field):
             except backends.UnknownBackend:
                 job._backend_values = {}
         return job._backend_values.get(self.value_name)
+
+
+class JobListSerializer(serializers.ListSerializer):
+    """Jobs as a list: each backend's own fields read for all of its jobs at once
+    (Backend.field_values_of), not one job at a time."""
+
+    def to_representation(self, data):
+        jobs = list(data.all() if hasattr(data, "all") else data)
+        by_backend = {}
+        for job in jobs:
+            by_backend.setdefault(job.backend, []).append(job)
+        for name, some in by_backend.items():
+            try:
+                values = backends.get(name).field_values_of(some)
+            except backends.UnknownBackend:
+                values = {}
+            for job in some:
+                job._backend_values = values.get(job.pk, {})
+        return super().to_representation(jobs)
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -66,6 +86,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
+        list_serializer_class = JobListSerializer
         fields = [
             "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
             "args", "env", "backend", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",

@@ -243,6 +243,11 @@ class KubernetesBackend(Backend):
         cluster = cluster_of(job)
         return {"cluster": cluster.name} if cluster is not None else {}
 
+    def field_values_of(self, jobs):
+        names = dict(ClusterJob.objects.filter(job_id__in=[job.pk for job in jobs])
+                     .values_list("job_id", "cluster__name"))
+        return {job.pk: {"cluster": names[job.pk]} if job.pk in names else {} for job in jobs}
+
     def runner(self, job):
         return runner_for(job)
 
