@@ -108,3 +108,40 @@ def test_an_instance_that_jobs_hold_slots_on_cannot_be_deleted_until_they_end(cl
     SlotAllocation.objects.filter(job=job).delete()                  # the job ended
     assert client.post(f"/admin/instances/instance/{busy.pk}/delete/", {"post": "yes"}).status_code == 302
     assert list(Instance.objects.values_list("name", flat=True)) == ["gpu-b"]
+
+
+MAPPED = """
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from jobs.backends.kubernetes.models import Cluster, QueueMapping
+call_command("migrate", verbosity=0)
+east = Cluster.objects.create(name="east", gpus_per_node=8)
+QueueMapping.objects.create(cluster=east, user=User.objects.create(username="alice"), queue="alice-queue")
+QueueMapping.objects.create(cluster=east, group=Group.objects.create(name="vision"), queue="vision-queue")
+QueueMapping.objects.create(cluster=east, user=User.objects.create(username="bob"), queue="bob-queue")
+"""
+DELETED = """
+from django.contrib.auth.models import Group, User
+User.objects.get(username="alice").delete()
+Group.objects.get(name="vision").delete()
+print("deleted")
+"""
+LEFT = """
+from django.core.management import call_command
+from jobs.backends.kubernetes.models import QueueMapping
+call_command("migrate", verbosity=0)
+print(sorted(str(mapping) for mapping in QueueMapping.objects.all()))
+"""
+
+
+def test_a_user_and_a_group_with_queue_mappings_can_be_deleted_while_kubernetes_is_off(tmp_path):
+    """QueueMapping's user and group have no database constraint: with the kubernetes app not
+    installed, deleting them is not refused for rows Django cannot see; their mappings go when
+    the app migrates again, and the others stay."""
+    made = manage(tmp_path, "shell", "-c", MAPPED, backends="")
+    assert made.returncode == 0, made.stderr
+    deleted = manage(tmp_path, "shell", "-c", DELETED, backends="jobs.backends.local.LocalBackend")
+    assert deleted.returncode == 0 and deleted.stdout.strip().splitlines()[-1] == "deleted", deleted.stderr
+    left = manage(tmp_path, "shell", "-c", LEFT, backends="")
+    assert left.returncode == 0, left.stderr
+    assert left.stdout.strip().splitlines()[-1] == "['user bob on east: bob-queue']"

@@ -113,9 +113,13 @@ class QueueMapping(models.Model):
     (clusters.queue_for). The LocalQueue may sit in the group's namespace."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="queue_mappings")
-    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # No database constraint on group and user: this app is installed only while its backend is
+    # enabled, and a user or group deleted meanwhile must not be refused for a row Django cannot
+    # see. Mappings left without theirs are dropped when the app migrates again (apps.py).
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, db_constraint=False,
+                              related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
-                             related_name="+")
+                             db_constraint=False, related_name="+")
     queue = models.CharField(max_length=63, verbose_name="LocalQueue",
                              help_text="The kueue.x-k8s.io/queue-name label of these jobs.")
 
