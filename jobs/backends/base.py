@@ -6,7 +6,7 @@ AUTHENTICATION_BACKENDS). It answers for its jobs in five places, and nowhere el
 portal ask which backend a job has:
 
 - submission: its own fields and limits (clean), kept in its own tables (record(),
-  field_values());
+  field_values(), field_values_of() for a page of jobs);
 - admission: how many GPUs it can hold (capacity), why a job waits, and what an admitted job
   holds until it ends (admission(), release());
 - running: the runner and what a launch leaves behind (runner(), after_launch());
