@@ -127,13 +127,13 @@ def test_the_gpu_maximum_is_the_least_of_quota_and_capacity(client, alice, image
     most, by_backend, page = limits()
     assert most == str(capacity)
     assert by_backend["local"][""][0] == capacity and by_backend["instances"][""][0] == capacity + 8
-    assert f"At most {capacity} GPUs per job on This machine (horovodrun): all it can hold." in page
+    assert f"At most {capacity} GPUs per job on This machine: all it can hold." in page
 
     # A per-job quota below the capacity is the maximum, and says so; on both backends.
     Quota.objects.create(user=alice, gpus_per_job=capacity - 1)
     most, by_backend, page = limits()
     assert most == str(capacity - 1) and by_backend["instances"][""][0] == capacity - 1
-    assert f"At most {capacity - 1} GPUs per job on This machine (horovodrun): your quota." in page
+    assert f"At most {capacity - 1} GPUs per job on This machine: your quota." in page
 
     # GPUs at once counts as well (a job can never hold more), and the smaller of the two wins.
     Quota.objects.filter(user=alice).update(gpus_per_job=None, gpus=capacity + 4)

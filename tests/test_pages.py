@@ -39,7 +39,7 @@ def test_the_form_submits_an_uploaded_script_with_text_args_and_env(client, alic
                                                                     _local_nvidia_smi):
     client.force_login(alice)
     form = client.get("/jobs/new/").content.decode()
-    assert ("This machine (horovodrun): no GPU here (nvidia-smi sees none), so each GPU asked for is one "
+    assert ("This machine: no GPU here (nvidia-smi sees none), so each GPU asked for is one "
             "process on the CPU, 8 at once.") in form
     with django_capture_on_commit_callbacks():
         response = client.post("/jobs/new/", {
@@ -159,11 +159,11 @@ def test_the_form_says_which_gpus_this_machine_has_and_when_nvidia_smi_fails(cli
     client.force_login(alice)
     local_gpus(["NVIDIA A100-SXM4-80GB"] * 3 + ["NVIDIA H100 80GB HBM3"])
     form = client.get("/jobs/new/").content.decode()
-    assert ("This machine (horovodrun): 4 GPUs (NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3); "
+    assert ("This machine: 4 GPUs (NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3); "
             "each job gets GPUs of its own.") in form
     local_gpus(["NVIDIA A100-SXM4-80GB"], behaviour="fail")
     form = client.get("/jobs/new/").content.decode()
-    assert "This machine (horovodrun): nvidia-smi fails here (" in form and "jobs wait until it answers" in form
+    assert "This machine: nvidia-smi fails here (" in form and "jobs wait until it answers" in form
 
 
 def test_jobs_leads_to_the_job_list_and_every_page_has_an_icon(client, alice):

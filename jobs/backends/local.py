@@ -134,7 +134,7 @@ class LocalAdmission(ByGpuModel, Admission):
 
 class LocalBackend(Backend):
     name = "local"
-    label = "This machine (horovodrun)"
+    label = "This machine"
     admission_class = LocalAdmission
     elastic = True
 

@@ -26,7 +26,7 @@ def test_gpu_maximum_follows_the_backend_and_an_upload_is_kept(log_in, live_port
     # The live portal's machine runs 4 processes (RINGMASTER_LOCAL_GPUS=4): below alice's quota.
     gpus, note = page.locator("#id_gpus"), page.locator("#gpus-limit")
     expect(gpus).to_have_attribute("max", "4")
-    expect(note).to_have_text("At most 4 GPUs per job on This machine (horovodrun): all it can hold.")
+    expect(note).to_have_text("At most 4 GPUs per job on This machine: all it can hold.")
     page.select_option("#id_backend", "instances")                # 16 GPUs there: the quota's 12 bind
     expect(gpus).to_have_attribute("max", "12")
     expect(note).to_have_text("At most 12 GPUs per job on GPU instances over SSH: your quota.")

@@ -236,11 +236,11 @@ def test_bad_input_prints_the_field_errors_and_exits_2(env, train_py):
                                   "--cluster; `ringmaster backends` lists every backend's")
     listed = ringmaster(env, "backends")
     assert listed.returncode == 0
-    assert "kubernetes: Kubernetes (MPIJob) (unavailable: No Kubernetes cluster is registered" in listed.stdout
+    assert "kubernetes: Kubernetes (unavailable: No Kubernetes cluster is registered" in listed.stdout
     assert "  --cluster VALUE  Kubernetes backend: the cluster (name); empty: the only one there is." in listed.stdout
     model = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "1", "--gpu-model", "A100", train_py)
     assert model.returncode == 2
-    assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine (horovodrun); "
+    assert model.stderr.strip() == ("ringmaster: gpu_model: No GPU is a A100 on This machine; "
                                     "the models there are: no GPU nvidia-smi could see.")
     elastic = ringmaster(env, "submit", "--image", "horovod-cpu", "--gpus", "2", "--max-gpus", "1", train_py)
     assert elastic.returncode == 2

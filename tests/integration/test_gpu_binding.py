@@ -141,7 +141,7 @@ def test_a_job_asking_for_a_model_this_machine_lacks_is_refused_naming_the_model
     response = http.post(f"{http.base}/api/jobs/", json={
         "image": "horovod-cpu", "script_path": "x.py", "gpus": 1, "gpu_model": "A100"})
     assert response.status_code == 400
-    assert response.json() == {"gpu_model": ["No GPU is a A100 on This machine (horovodrun); the models there "
+    assert response.json() == {"gpu_model": ["No GPU is a A100 on This machine; the models there "
                                              "are: Tesla T4."]}
     response = http.post(f"{http.base}/api/jobs/", json={"image": "horovod-cpu", "script_path": "x.py", "gpus": 3})
     assert response.status_code == 400 and "at most 2 GPUs per job" in response.json()["gpus"][0]

@@ -109,7 +109,7 @@ def _cluster_names():
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
-    label = "Kubernetes (MPIJob)"
+    label = "Kubernetes"
     # A job stays LAUNCHING while the cluster schedules it and pulls its image, and its launch is
     # an idempotent create: reconcile re-attaches to it rather than failing it.
     launch_times_out = False
