@@ -46,7 +46,7 @@ def test_unhealthy_and_disabled_instances_get_nothing_and_the_reason_names_the_o
 
 def test_no_healthy_instance():
     instance("sick", 8, healthy=False)
-    assert placed(1) == (None, "waiting for instances: needs 1 GPUs, no healthy enabled instance; "
+    assert placed(1) == (None, "waiting for instances: needs 1 GPU, no healthy enabled instance; "
                                "not healthy: sick (not checked yet)")
 
 
@@ -106,9 +106,9 @@ def test_a_job_asking_for_a_gpu_model_goes_only_where_that_model_is_free(make_us
     placement, _ = pool.place(2, "a100")
     pool.allocate(job.pk, placement, "a100")
     assert allocation_of(job) == [("mixed", 2, [1, 3])]
-    assert placed(1, "A100") == (None, "waiting for instances: needs 1 A100 GPUs, largest free block 0 "
+    assert placed(1, "A100") == (None, "waiting for instances: needs 1 A100 GPU, largest free block 0 "
                                        "(0 free on 0 of 2 healthy instances)")
-    assert placed(1, "V100") == (None, "waiting for instances: needs 1 V100 GPUs, no healthy instance has V100 "
+    assert placed(1, "V100") == (None, "waiting for instances: needs 1 V100 GPU, no healthy instance has V100 "
                                        "GPUs (models: NVIDIA A100-SXM4-40GB, Tesla T4)")
     assert placed(4) == ([("t4", 4)], None)
 

@@ -51,8 +51,9 @@ def number(value):
 
 
 def _need(gpus, model=""):
-    """"4 GPUs", or "4 A100 GPUs"."""
-    return f"{gpus} {model} GPUs" if model else f"{gpus} GPUs"
+    """"4 GPUs", "1 GPU", or "4 A100 GPUs"."""
+    noun = "GPU" if gpus == 1 else "GPUs"
+    return f"{gpus} {model} {noun}" if model else f"{gpus} {noun}"
 
 
 def _models(names):
@@ -67,7 +68,7 @@ def _down(down):
 def _quota_limit(name, quota, limit, most=0, days=0):
     """A limit no job of this size can ever meet: `limit` is "gpus_per_job", "jobs" or "gpu_hours"."""
     if limit == "gpus_per_job":
-        return f"at most {most} GPUs per job for {name} ({quota})"
+        return f"at most {_need(most)} per job for {name} ({quota})"
     if limit == "jobs":
         return f"{name} may run no jobs ({quota}: 0 jobs at once)"
     return f"{name} has no GPU-hours ({quota}: 0 per {days} days)"
