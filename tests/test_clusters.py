@@ -136,7 +136,7 @@ def test_the_job_list_names_each_jobs_cluster_in_as_many_queries_for_many_jobs_a
     few, queries = listed()
     assert few == expected
     expected |= {job(cluster if i % 2 else other): "gpu-east" if i % 2 else "gpu-west" for i in range(20)}
-    expected[job(None)] = None                                  # a job on no cluster (left from before one was chosen)
+    expected[job(None)] = None                                  # a job that names no cluster
     many, more_queries = listed()
     assert many == expected
     assert more_queries == queries

@@ -50,8 +50,8 @@ def number(value):
     return f"{value:,.1f}"
 
 
-def _need(gpus, model=""):
-    """"4 GPUs", "1 GPU", or "4 A100 GPUs"."""
+def gpu_count(gpus, model=""):
+    """"4 GPUs", "1 GPU", or "4 A100 GPUs": a number of GPUs as every message of the portal says it."""
     noun = "GPU" if gpus == 1 else "GPUs"
     return f"{gpus} {model} {noun}" if model else f"{gpus} {noun}"
 
@@ -68,7 +68,7 @@ def _down(down):
 def _quota_limit(name, quota, limit, most=0, days=0):
     """A limit no job of this size can ever meet: `limit` is "gpus_per_job", "jobs" or "gpu_hours"."""
     if limit == "gpus_per_job":
-        return f"at most {_need(most)} per job for {name} ({quota})"
+        return f"at most {gpu_count(most)} per job for {name} ({quota})"
     if limit == "jobs":
         return f"{name} may run no jobs ({quota}: 0 jobs at once)"
     return f"{name} has no GPU-hours ({quota}: 0 per {days} days)"
@@ -99,15 +99,15 @@ _CODES = {
     "machine_gpus": ("capacity", lambda error: f"waiting for this machine's GPUs: {error}"),
     "machine_capacity": ("capacity", lambda in_use, slots, gpus, model, free:
                          f"waiting for capacity: {in_use} of {slots} GPUs of this machine in use, "
-                         f"this job needs {_need(gpus, model)} ({free} free)"),
+                         f"this job needs {gpu_count(gpus, model)} ({free} free)"),
     # the instances backend
     "no_instance": ("capacity", lambda gpus, model, down:
-                    f"waiting for instances: needs {_need(gpus, model)}, no healthy enabled instance{_down(down)}"),
+                    f"waiting for instances: needs {gpu_count(gpus, model)}, no healthy enabled instance{_down(down)}"),
     "no_instance_model": ("capacity", lambda gpus, model, models, down:
-                          f"waiting for instances: needs {_need(gpus, model)}, no healthy instance has {model} "
+                          f"waiting for instances: needs {gpu_count(gpus, model)}, no healthy instance has {model} "
                           f"GPUs (models: {_models(models)}){_down(down)}"),
     "instances_full": ("capacity", lambda gpus, model, largest, free, hosts, healthy, down:
-                       f"waiting for instances: needs {_need(gpus, model)}, largest free block {largest} "
+                       f"waiting for instances: needs {gpu_count(gpus, model)}, largest free block {largest} "
                        f"({free} free on {hosts} of {healthy} healthy instances){_down(down)}"),
     # the kubernetes backend
     "cluster_capacity": ("capacity", lambda cluster, in_use, limit, gpus:

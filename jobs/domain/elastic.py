@@ -39,12 +39,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.backends.base import QUEUED_JOB_FIELDS, QueuedJob
+from jobs.backends.waits import gpu_count
 from jobs.domain import states
 from jobs.models import Job, State
-
-def _gpus(count):
-    return f"{count} GPU{'' if count == 1 else 's'}"
-
 
 def _running(settled=True, **filters):
     """Running elastic jobs; `settled`: only those Horovod can resize now (settled_since())."""
@@ -86,7 +83,7 @@ def make_room(admission, book, job):
             break
         step = admission.step(other)
         give = min(other.gpus_in_use - other.gpus, -(-missing // step) * step)
-        _resize(admission, book, other, other.gpus_in_use - give, f"shrank to {_gpus(other.gpus_in_use - give)} for job {job.pk}")
+        _resize(admission, book, other, other.gpus_in_use - give, f"shrank to {gpu_count(other.gpus_in_use - give)} for job {job.pk}")
         missing = job.gpus - admission.room(job)
     return missing <= 0
 
@@ -104,7 +101,7 @@ def grow(admission_of, book, reserved, fresh=()):
         fixed = admission.fixed_size(job)
         if fixed:
             if job.pk in fresh:
-                states.note(job.pk, f"runs at {_gpus(job.gpus_in_use)}, its minimum, {fixed}")
+                states.note(job.pk, f"runs at {gpu_count(job.gpus_in_use)}, its minimum, {fixed}")
             continue
         constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
         waiting = reserved.get(admission.capacity_key(job))
@@ -118,7 +115,7 @@ def grow(admission_of, book, reserved, fresh=()):
         if more > 0:
             lent = f", until job {waiting.pk} can start" if waiting is not None else ""
             _resize(admission, book, job, job.gpus_in_use + more,
-                    lambda: f"grew to {_gpus(job.gpus_in_use + more)}: {_gpus(more)} free {admission.where(job)}{lent}",
+                    lambda: f"grew to {gpu_count(job.gpus_in_use + more)}: {gpu_count(more)} free {admission.where(job)}{lent}",
                     constraints)
             grown.append(job.pk)
     return grown
@@ -132,13 +129,13 @@ def drop_lost_hosts(admission_of, book):
         for name, why, held in admission.lost(job):
             constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
             if job.gpus_in_use - held < job.gpus:
-                states.set_reason(job.pk, f"lost {name} ({why}): {_gpus(job.gpus_in_use - held)} left, fewer than the "
+                states.set_reason(job.pk, f"lost {name} ({why}): {gpu_count(job.gpus_in_use - held)} left, fewer than the "
                                           f"{job.gpus} the job needs; Horovod waits for hosts to come back")
                 continue
             admission.drop(job, name)
             size = job.gpus_in_use - held
             book.resize(constraints, -held, job.backend)
-            states.resize(job.pk, size, f"lost {name} ({why}): continuing on {_gpus(size)}")
+            states.resize(job.pk, size, f"lost {name} ({why}): continuing on {gpu_count(size)}")
             job = replace(job, size=size)
 
 

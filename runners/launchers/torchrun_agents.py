@@ -13,9 +13,8 @@ code, as for horovodrun. No shell parses a word here but the remote login shell,
 each word quoted.
 
 - **A job of one size**: one agent per host, with the host's GPUs, `--nnodes` the hosts. The
-  first agent that fails ends the job and the other agents are stopped at once, so none of them
-  waits for the failed one at torchrun's exit barrier; horovodrun ends a job at its first failed
-  rank in the same way.
+  first agent to fail ends the job: the others are stopped immediately, so that none waits for
+  it at torchrun's exit barrier. horovodrun likewise ends a job at its first failed rank.
 - **An elastic job**: one agent per GPU ("node" of one process), `--nnodes=MIN:MAX`. The portal
   writes the hosts the job holds and their GPUs to the hosts file (`name:slots` lines) at each
   resize; this program reads it every POLL_SECONDS and starts the agents of new GPUs, which join
