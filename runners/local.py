@@ -17,6 +17,7 @@ it to find and kill all of them, including ranks that horovodrun moved into proc
 their own, and never another portal's job of the same number.
 """
 import fcntl
+import json
 import os
 import select
 import shutil
@@ -51,6 +52,12 @@ QUIET_WAIT_SECONDS = 60.0
 SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
 # The folder, in the jobs folder, of what the portal keeps of each job (LocalRunner.control_dir).
 CONTROL = ".portal"
+# The job's first process as the job (runners/job_python/ringmaster_start.py), and the file in
+# the job's folder it reads the job's environment from.
+START = JOB_PYTHON / "ringmaster_start.py"
+ENV_FILE = ".ringmaster-env.json"
+# The PATH of the portal's own processes of a job (LocalRunner.portal_environment).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class LocalRunner(Runner):
@@ -92,12 +99,23 @@ class LocalRunner(Runner):
         it needs in the job's folder."""
         return launchers.of(spec.launcher).single_host_argv(spec, self.start_timeout)
 
-    def environment(self, spec):
-        """A clean environment: the portal's own secrets (database URL, keys) never reach a job."""
+    def portal_environment(self, spec):
+        """The environment of the portal's own processes of a job (the supervisor; bubblewrap,
+        setpriv, pasta, nsenter and ip under it; ringmaster_start until it becomes the job),
+        which run as root where jobs run as users of their own: fixed, with none of the
+        variables the job's user set. It names the job's folder, by which cancel finds them."""
+        return {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8", JOB_DIR_VAR: str(self.job_dir(spec).resolve())}
+
+    def _base_path(self, spec):
+        """The job's PATH before the user's: its interpreter's folder, then the system's."""
         bindir = str(Path(spec.python).parent) if os.sep in spec.python else ""
-        path = os.pathsep.join(p for p in (bindir, "/usr/local/bin", "/usr/bin", "/bin") if p)
+        return os.pathsep.join(p for p in (bindir, "/usr/local/bin", "/usr/bin", "/bin") if p)
+
+    def environment(self, spec):
+        """The job's environment, which only the job's own processes get (ringmaster_start):
+        clean of the portal's own secrets (database URL, keys), with the user's variables."""
         env = {
-            "PATH": path,
+            "PATH": self._base_path(spec),
             # In the sandbox only the job's folder is writable: it is the job's home there.
             "HOME": str(self.job_dir(spec).resolve()) if self.sandbox else os.environ.get("HOME", "/tmp"),
             "LANG": "C.UTF-8",
@@ -123,11 +141,21 @@ class LocalRunner(Runner):
         """What a job reads besides the machine's system folders: the installation of its
         interpreter (a virtual environment: bin/python's parent folder, and where that links to)
         and Ringmaster's job_python."""
-        found = shutil.which(spec.python, path=self.environment(spec)["PATH"])
+        found = self._interpreter(spec)
         if found is None:
             return (str(JOB_PYTHON),)
         linked, real = Path(os.path.abspath(found)), Path(found).resolve()
         return tuple(dict.fromkeys([str(linked.parent.parent), str(real.parent.parent), str(JOB_PYTHON)]))
+
+    def _interpreter(self, spec):
+        """The job's interpreter, found on its PATH before the user's (None: not there)."""
+        return shutil.which(spec.python, path=self._base_path(spec))
+
+    def _start(self, spec, directory):
+        """ringmaster_start's argv, up to the launcher's: the job's interpreter runs it, isolated
+        (-I) and without site-packages (-S), with the job's environment in the job's folder."""
+        python = self._interpreter(spec) or sys.executable
+        return [python, "-I", "-S", str(START), str((directory / ENV_FILE).resolve()), str(directory.resolve()), "--"]
 
     @contextmanager
     def _launch_lock(self, control):
@@ -154,6 +182,9 @@ class LocalRunner(Runner):
             (directory / spec.script_name).write_text(spec.script_content)
         name, content = spec.argv_file()
         (directory / name).write_bytes(content)
+        env_file = directory / ENV_FILE
+        env_file.touch(mode=0o600)
+        env_file.write_text(json.dumps(self.environment(spec)))
         for name, content in files.items():
             (directory / name).write_bytes(content)
         if spec.elastic:
@@ -181,8 +212,8 @@ class LocalRunner(Runner):
                 else:
                     supervise.append("--")
                 process = subprocess.Popen(
-                    [*supervise, *argv],
-                    cwd=directory, env=self.environment(spec), stdin=subprocess.DEVNULL,
+                    [*supervise, *self._start(spec, directory), *argv],
+                    cwd=directory, env=self.portal_environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
             tmp = control / "pid.tmp"

@@ -49,6 +49,9 @@ class Sandbox:
     home: str = ""
     network: str = "none"
     pasta: str = ""               # runners.supervisor connects the namespace with it ("outbound")
+    setpriv: str = "setpriv"      # the tools the portal runs as root, by their absolute paths (find)
+    nsenter: str = "nsenter"
+    ip: str = "ip"
 
     def supervise(self):
         """runners.supervisor's options for the network."""
@@ -60,7 +63,7 @@ class Sandbox:
         if not self.pasta:
             raise SandboxError("RINGMASTER_JOB_NETWORK=outbound, but pasta is not installed "
                                "(apt-get install passt)")
-        return ["--outbound", self.pasta]
+        return ["--outbound", self.pasta, "--nsenter", self.nsenter, "--ip", self.ip]
 
     def argv(self, job_dir, keep=(), uid=None):
         """bwrap's options for a job in `job_dir`, up to and including the `--` before its command;
@@ -70,7 +73,12 @@ class Sandbox:
         sandbox keeps only the capability to switch to it, which setpriv gives up before the
         job's first instruction (bwrap sets no_new_privs, so no setuid program gives it back),
         and folders on the way to its own that this user could not pass (a checkout under
-        /root) are replaced by empty ones holding only what is shown again."""
+        /root) are replaced by empty ones holding only what is shown again.
+
+        The command after the `--` starts as the job (its user where `uid` is given) with the
+        environment bwrap was given, which is the fixed one of the portal's own processes: it
+        is runners/job_python/ringmaster_start.py, which changes to the job's folder and only
+        then takes on the user's environment."""
         if not self.bwrap:
             raise SandboxError("RINGMASTER_LOCAL_SANDBOX=bwrap, but bwrap is not installed "
                                "(apt-get install bubblewrap)")
@@ -120,9 +128,9 @@ class Sandbox:
         argv += ["--bind", job_dir, job_dir]
         if uid is None:
             return [*argv, "--chdir", job_dir, "--"]
-        # Into its folder only as its user: the sandbox's root has no right to open it.
-        return [*argv, "--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                "--", "env", f"--chdir={job_dir}", "--"]
+        # Into its folder only as its user (ringmaster_start): the sandbox's root has no right to open it.
+        return [*argv, "--", self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                "--"]
 
 
 def passable_on_the_way(folders, hidden):
@@ -195,4 +203,6 @@ def find(setting, hide, home, network="none"):
     path = shutil.which("bwrap")
     if path is None and setting != "bwrap":
         return None                     # "auto" without bwrap; a launch with "bwrap" says what is missing
-    return Sandbox(path or "", tuple(str(h) for h in hide), str(home or ""), network, shutil.which("pasta") or "")
+    tools = {name: shutil.which(name) or name for name in ("setpriv", "nsenter", "ip")}
+    return Sandbox(path or "", tuple(str(h) for h in hide), str(home or ""), network, shutil.which("pasta") or "",
+                   **tools)

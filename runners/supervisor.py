@@ -2,9 +2,12 @@
 namespace its way out where the site allows one, and records the job's exit code where the job
 cannot write.
 
-Run by runners.local as `python -I supervisor.py --exit-code FILE [--outbound PASTA] -- ARGV`,
-outside the sandbox, with the job's environment (so that cancel finds it by the job's folder)
-and the job's output as stdout. It imports nothing but the standard library and never prints.
+Run by runners.local as `python -I supervisor.py --exit-code FILE [--outbound PASTA --nsenter
+NSENTER --ip IP] -- ARGV`, outside the sandbox, as the portal's user (root where jobs run as
+users of their own), with the job's output as stdout and the fixed environment of the portal's
+own processes (runners.local.portal_environment: none of the variables the job's user set, but
+the job's folder, by which cancel finds it). Every tool it runs is named by its absolute path.
+It imports nothing but the standard library and never prints.
 
 - ARGV is bubblewrap's command line for the job (runners.sandbox). With --outbound, bubblewrap
   is asked for the pid of the sandbox (--info-fd) and to hold the job (--block-fd) until the
@@ -34,6 +37,10 @@ SETUP_SECONDS = 10
 METADATA_ADDRESSES = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
 
 
+# The absolute paths of nsenter and ip (main sets them from the command line).
+TOOLS = {"nsenter": "nsenter", "ip": "ip"}
+
+
 def machine_addresses():
     """Every address of this machine's interfaces, less loopback (the namespace has its own)."""
     found = set()
@@ -41,7 +48,7 @@ def machine_addresses():
         names = [name for _, name in socket.if_nameindex()]
     except OSError:
         names = []
-    output = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    output = subprocess.run([TOOLS["ip"], "-o", "addr", "show"], capture_output=True, text=True).stdout
     for line in output.splitlines():
         fields = line.split()
         if len(fields) > 3 and fields[2] in ("inet", "inet6") and fields[1] in names:
@@ -68,8 +75,9 @@ def read_child_pid(fd):
 
 
 def in_namespace(pid, argv, **kwargs):
-    return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", *argv], capture_output=True, text=True,
-                          **kwargs)
+    """`ip ARGV` in the network namespace of `pid`."""
+    return subprocess.run([TOOLS["nsenter"], f"--net=/proc/{pid}/ns/net", TOOLS["ip"], *argv], capture_output=True,
+                          text=True, **kwargs)
 
 
 def connect(pid, pasta):
@@ -89,7 +97,7 @@ def connect(pid, pasta):
     finally:
         os.close(namespace)
     deadline = time.monotonic() + SETUP_SECONDS
-    while "default" not in in_namespace(pid, ["ip", "route", "show", "default"]).stdout:
+    while "default" not in in_namespace(pid, ["route", "show", "default"]).stdout:
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             process.wait()
@@ -101,7 +109,7 @@ def connect(pid, pasta):
     batch = "".join(f"route add prohibit {address}{'/128' if address.version == 6 else '/32'}\n"
                     for address in [*machine_addresses(), *METADATA_ADDRESSES])
     if batch:
-        done = in_namespace(pid, ["ip", "-force", "-batch", "-"], input=batch)
+        done = in_namespace(pid, ["-force", "-batch", "-"], input=batch)
         if done.returncode != 0:
             process.kill()
             raise RuntimeError(f"could not keep the job away from this machine's addresses: {done.stderr.strip()}")
@@ -149,9 +157,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--exit-code", required=True)
     parser.add_argument("--outbound", metavar="PASTA")
+    parser.add_argument("--nsenter", default=TOOLS["nsenter"])
+    parser.add_argument("--ip", default=TOOLS["ip"])
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     options = parser.parse_args()
     argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
+    TOOLS.update(nsenter=options.nsenter, ip=options.ip)
     # A cancel sends SIGTERM to every process of the job, this one included: it outlives the
     # sandbox, to end pasta and record the exit code. (A handler, not SIG_IGN, which the sandbox
     # would inherit.)

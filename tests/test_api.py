@@ -106,6 +106,8 @@ def test_image_may_be_given_by_id_and_script_by_path(client, image):
     ({"env": {"A": 1}}, "env", "must be a string"),
     ({"env": {"A": "x\x00"}}, "env", "NUL"),
     ({"env": {"RINGMASTER_JOB_ID": "7"}}, "env", "reserved"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env", "LD_PRELOAD is refused"),
+    ({"env": {"PATH": "/x", "BASH_ENV": "/tmp/rc"}}, "env", "BASH_ENV is refused"),
     ({"backend": "slurm"}, "backend", "not one of the available choices"),
     ({"backend": "kubernetes"}, "backend", "No Kubernetes cluster is registered (or enabled): an admin adds one"),
     ({"backend": "local", "cluster": "nowhere"}, "cluster", "The local backend takes no cluster"),

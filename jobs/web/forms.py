@@ -29,6 +29,15 @@ MAX_TAG_CHARS = 64
 MAX_NOTE_CHARS = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "RINGMASTER_"
+# Variables that the dynamic loader, the C library or a shell take as instructions (code to load,
+# files to read, commands to run) rather than as data: refused in every job, on every backend.
+# (PYTHON* are allowed: they reach the job's own Python only.)
+REFUSED_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
+REFUSED_ENV = frozenset({
+    "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF", "RES_OPTIONS",
+    "LOCALDOMAIN", "MALLOC_CHECK_", "MALLOC_TRACE", "MALLOC_PERTURB_",
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "CDPATH", "PROMPT_COMMAND",
+})
 
 
 def _no_nul(value, what):
@@ -103,6 +112,8 @@ def variable_problems(name, value):
         return [f"{name!r} is not a valid variable name (letters, digits and _, not starting with a digit)."]
     if name.upper().startswith(RESERVED_ENV_PREFIX):
         return [f"{name}: names starting with {RESERVED_ENV_PREFIX} are reserved."]
+    if name.startswith(REFUSED_ENV_PREFIXES) or name in REFUSED_ENV:
+        return [f"{name} is refused: the dynamic loader, the C library or a shell would take it as an instruction."]
     return []
 
 

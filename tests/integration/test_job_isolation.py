@@ -7,7 +7,9 @@ SSH host keys) finds none of them.
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,58 @@ def test_a_job_cannot_read_what_another_running_job_wrote_in_its_folder(tmp_path
     finally:
         (runner.job_dir(first) / "go").touch()
     assert [e.code for e in waited(runner.follow(first, 0)) if isinstance(e, Exited)] == [0]
+
+
+WRAPPER = """#!/bin/sh
+name=$(/usr/bin/basename "$0")
+echo "WRAPPER $(/usr/bin/id -u) $name" >&2
+for d in /usr/sbin /usr/bin /sbin /bin; do [ -x "$d/$name" ] && exec "$d/$name" "$@"; done
+exit 0
+"""
+PRELOAD = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void said(void) { fprintf(stderr, "PRELOADED %d\n", (int) getuid()); }
+"""
+# The job runs a tool of its own by name (its PATH reaches it), and says who it is.
+RUNS_ITS_TOOL = """
+import os, subprocess
+subprocess.run(["hello"], check=True)
+print("JOB", os.getuid(), flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("pasta") is None or os.geteuid() != 0
+                    or shutil.which("cc") is None,
+                    reason="needs root, bubblewrap, pasta (apt-get install bubblewrap passt) and a C compiler")
+def test_the_users_environment_reaches_only_the_jobs_own_processes(tmp_path):
+    """The attack of a job that left wrappers of the tools the portal runs as root (ip and nsenter
+    for an outbound network, setpriv, bwrap, env, sh, ...) in a folder, and a second job that puts
+    that folder first on its PATH, with an LD_PRELOAD library and a PYTHONPATH sitecustomize: every
+    one of them runs only as the job's own user, inside its sandbox; none as root."""
+    tools = Path(tempfile.mkdtemp(dir="/var/tmp"))         # a folder the sandbox shows (not /tmp)
+    try:
+        tools.chmod(0o755)
+        for name in ("ip", "nsenter", "setpriv", "bwrap", "pasta", "env", "sh", "bash", "python3", "kill", "hello"):
+            (tools / name).write_text(WRAPPER)
+            (tools / name).chmod(0o755)
+        (tools / "preload.c").write_text(PRELOAD)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tools / "preload.so"), str(tools / "preload.c")], check=True)
+        (tools / "sitecustomize.py").write_text("import os, sys\nprint('SITE', os.getuid(), file=sys.stderr, flush=True)\n")
+        runner = LocalRunner(tmp_path / "jobs", sandbox=find("bwrap", (str(tmp_path / "jobs"),), str(Path.home()),
+                                                             "outbound"))
+        spec = JobSpec(job_id=5800, gpus=1, python=sys.executable, script_name="t.py", script_content=RUNS_ITS_TOOL,
+                       script_path=None, env={"PATH": f"{tools}:/usr/bin:/bin", "LD_PRELOAD": str(tools / "preload.so"),
+                                              "PYTHONPATH": str(tools)})
+        lines, exited = run_to_end(runner, spec)
+    finally:
+        shutil.rmtree(tools)
+    said = [line.text.split() for line in lines]
+    assert exited.code == 0, [line.text for line in lines][-20:]
+    job_uid = {int(words[1]) for words in said if words[:1] == ["JOB"]}
+    assert len(job_uid) == 1 and 0 not in job_uid
+    ran = {(words[0], int(words[1])) for words in said if words[:1] in (["WRAPPER"], ["PRELOADED"], ["SITE"])}
+    # The job's own processes got all three, as the job ...
+    assert {kind for kind, _ in ran} == {"WRAPPER", "PRELOADED", "SITE"}, said
+    # ... and nothing else did.
+    assert {uid for _, uid in ran} == job_uid, sorted(ran)
