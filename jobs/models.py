@@ -74,6 +74,28 @@ class Script(models.Model):
         return f"{self.name} ({self.sha256[:12]})"
 
 
+class Project(models.Model):
+    """A snapshot of a project (runners.projects): its files as one packed archive, kept once per
+    owner by their digest (the same tree uploaded twice is one snapshot)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="projects")
+    sha256 = models.CharField(max_length=64)
+    files = models.PositiveIntegerField(help_text="How many files the project has.")
+    size = models.BigIntegerField(help_text="Bytes of its files together.")
+    listing = models.JSONField(default=list, help_text='[{"path", "size"}] in path order.')
+    archive = models.BinaryField(help_text="The files, packed (runners.projects.pack).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "sha256"], name="project_once_per_owner"),
+        ]
+
+    def __str__(self):
+        return f"project {self.sha256[:12]}"
+
+
 class State(models.TextChoices):
     QUEUED = "QUEUED"
     LAUNCHING = "LAUNCHING"
@@ -114,6 +136,8 @@ class Job(models.Model):
                                help_text="The job this one was rerun from.")
     script = models.ForeignKey(Script, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     script_path = models.CharField(max_length=1024, blank=True)
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    entry_point = models.CharField(max_length=1024, blank=True, help_text="The project's file the job runs.")
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     launcher = models.CharField(max_length=20, default=launchers.DEFAULT, choices=launchers.choices(),
@@ -204,6 +228,8 @@ class Job(models.Model):
 
     @property
     def script_name(self):
+        if self.project_id:
+            return self.entry_point
         return self.script.name if self.script_id else self.script_path
 
 

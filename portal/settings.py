@@ -235,6 +235,11 @@ RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "job
 # Where the portal keeps artifacts it brings back from instances (a folder per job, named by the
 # installation's id and the job's: jobs.backends.base.Backend.artifacts_root); no job sees it.
 RINGMASTER_ARTIFACTS_DIR = Path(os.environ.get("RINGMASTER_ARTIFACTS_DIR", DATA_DIR / "artifacts")).resolve()
+# Projects (runners.projects): the largest archive a user may upload, the bytes its files may
+# expand to, and how many files it may hold. Each snapshot is kept in the database.
+RINGMASTER_PROJECT_MAX_ARCHIVE_MB = float(os.environ.get("RINGMASTER_PROJECT_MAX_ARCHIVE_MB", "50"))
+RINGMASTER_PROJECT_MAX_EXPANDED_MB = float(os.environ.get("RINGMASTER_PROJECT_MAX_EXPANDED_MB", "200"))
+RINGMASTER_PROJECT_MAX_FILES = int(os.environ.get("RINGMASTER_PROJECT_MAX_FILES", "5000"))
 # Artifacts of jobs that ended longer ago than this are deleted by beat (jobs.tasks.expire_artifacts).
 RINGMASTER_ARTIFACT_RETENTION_DAYS = float(os.environ.get("RINGMASTER_ARTIFACT_RETENTION_DAYS", "30"))
 # Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error

@@ -45,6 +45,9 @@ class JobSpec:
     # artifacts, the checkpoint's name in it); the runner puts that file in the job's folder and
     # names it in RINGMASTER_CHECKPOINT (runners.artifacts).
     checkpoint: tuple[str, str] | None = None
+    # A project (runners.projects.pack's archive) laid out in the job's folder, whose entry point
+    # `script_name` is; None: a script (script_content or script_path).
+    project: bytes | None = None
 
     @property
     def checkpoint_file(self):
@@ -59,8 +62,8 @@ class JobSpec:
 
     def rank_argv(self):
         """What a rank runs after `python`: the script and the user's words."""
-        script = self.script_name if self.script_content is not None else self.script_path
-        return [script, *self.args]
+        ours = self.script_content is not None or self.project is not None
+        return [self.script_name if ours else self.script_path, *self.args]
 
     def rank_command(self):
         """argv of one rank under horovodrun, which would parse the user's words as its own

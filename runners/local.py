@@ -33,7 +33,7 @@ import psutil
 from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
-from . import artifacts, gpus, launchers, telemetry
+from . import artifacts, gpus, launchers, projects, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOST_NAME_VAR, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting)
 from .sandbox import job_uid
@@ -130,6 +130,8 @@ class LocalRunner(Runner):
         env[JOB_ID_VAR] = str(spec.job_id)
         env[JOB_DIR_VAR] = str(self.job_dir(spec).resolve())
         env[artifacts.OUTPUT_DIR_VAR] = str(self.output_dir(spec).resolve())
+        if spec.project is not None:
+            env[projects.PROJECT_DIR_VAR] = str((self.job_dir(spec) / projects.PROJECT_DIR).resolve())
         if spec.checkpoint is not None:
             env[artifacts.CHECKPOINT_VAR] = str(self._checkpoint_path(spec).resolve())
         return env
@@ -180,6 +182,8 @@ class LocalRunner(Runner):
                                         f"(deleted since, or never kept)") from None
         if spec.script_content is not None:
             (directory / spec.script_name).write_text(spec.script_content)
+        if spec.project is not None:
+            projects.lay_out(spec.project, directory / projects.PROJECT_DIR)
         name, content = spec.argv_file()
         (directory / name).write_bytes(content)
         env_file = directory / ENV_FILE

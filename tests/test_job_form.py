@@ -40,7 +40,7 @@ def test_no_message_names_an_internal_field(client, alice, image, api_client):
     response = client.post("/jobs/new/", {"image": image.pk, "gpus": 1, "backend": "local"})
     shown = errors(response)
     assert shown["script"] == ["Choose a script: upload one, pick one from the library, "
-                               "or give the path of a script inside the image."]
+                               "give the path of a script inside the image, or give a project."]
     assert not any("script_path" in message for messages in shown.values() for message in messages)
 
     answer = api_client(alice).post("/api/jobs/", {"image": image.name, "gpus": 1}, format="json")

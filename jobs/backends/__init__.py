@@ -79,7 +79,7 @@ def job_spec(job):
         min_gpus=job.gpus if job.max_gpus else None,
         max_gpus=job.max_gpus,
         python=job.image.python,
-        script_name=job.script.name if job.script_id else "",
+        script_name=job.entry_point if job.project_id else job.script.name if job.script_id else "",
         script_content=job.script.content if job.script_id else None,
         script_path=job.script_path or None,
         args=tuple(job.args),
@@ -91,6 +91,7 @@ def job_spec(job):
         gpu_binding=tuple(tuple(indices) for indices in
                           job.allocations.order_by("position").values_list("gpu_indices", flat=True)),
         checkpoint=checkpoint_source(job),
+        project=bytes(job.project.archive) if job.project_id else None,
     )
 
 

@@ -180,6 +180,8 @@ class Backend:
     elastic = False
     # The launchers (runners.launchers) whose jobs its runner can start.
     launchers = ("horovod", "torchrun")
+    # Whether its runner lays out a project (JobSpec.project) where the ranks run.
+    runs_projects = False
     # Seconds between two runs of periodic_check() by Celery beat (jobs.backends.check_schedule);
     # None: it has none. Beat schedules only the enabled backends.
     check_every = None

@@ -137,6 +137,7 @@ class LocalBackend(Backend):
     label = "This machine"
     admission_class = LocalAdmission
     elastic = True
+    runs_projects = True
 
     def capacity(self):
         return slots()[0]

@@ -11,7 +11,7 @@ from jobs import backends, taskqueue
 from jobs.backends.waits import Wait
 from jobs.domain import states
 from jobs.domain.states import NotQueued  # noqa: F401  (callers catch it from here)
-from jobs.models import Job, Script, State
+from jobs.models import Job, Project, Script, State
 
 
 class CannotCancel(Exception):
@@ -20,7 +20,8 @@ class CannotCancel(Exception):
 
 def visible_jobs(user):
     """The jobs a user may see: their own; staff see every job. Others' jobs are 404."""
-    jobs = Job.objects.select_related("owner", "image", "script", "charged_group")
+    # A project's snapshot (its archive) is read only where its files are.
+    jobs = Job.objects.select_related("owner", "image", "script", "charged_group", "project").defer("project__archive")
     return jobs if user.is_staff else jobs.filter(owner=user)
 
 
@@ -71,7 +72,11 @@ def resubmit_data(job, user=None):
         data.update(backends.of(job).field_values(job))
     except backends.UnknownBackend:
         pass                        # the form says the backend is not enabled
-    if job.script_id:
+    if job.project_id:
+        data["project"], data["entry_point"] = job.project_id, job.entry_point
+        if user is not None and job.project.owner_id != user.pk:        # staff rerunning another's
+            data["project"] = copy_project(job.project, user).pk
+    elif job.script_id:
         data["script"] = job.script_id
         if user is not None and not visible_scripts(user).filter(pk=job.script_id).exists():
             script = job.script
@@ -80,6 +85,13 @@ def resubmit_data(job, user=None):
     else:
         data["script_path"] = job.script_path
     return data
+
+
+def copy_project(project, owner):
+    """`owner`'s own snapshot of the same files (the one they have, or a copy)."""
+    copy, _ = Project.objects.get_or_create(owner=owner, sha256=project.sha256, defaults={
+        "files": project.files, "size": project.size, "listing": project.listing, "archive": project.archive})
+    return copy
 
 
 def annotate(job, changes):

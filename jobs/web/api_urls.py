@@ -1,11 +1,12 @@
 from django.urls import path
 
-from jobs.web import api, artifact_api, backend_api, compare_views, notify_api
+from jobs.web import api, artifact_api, backend_api, compare_views, notify_api, project_api
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
     path("images/", api.ImageList.as_view(), name="api-images"),
     path("scripts/", api.ScriptList.as_view(), name="api-scripts"),
+    path("projects/", project_api.ProjectList.as_view(), name="api-projects"),
     path("jobs/", api.JobList.as_view(), name="api-jobs"),
     path("jobs/<id:job_id>/", api.JobDetail.as_view(), name="api-job"),
     path("jobs/<id:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),
@@ -15,6 +16,8 @@ urlpatterns = [
     path("jobs/<id:job_id>/artifacts.tar.gz", artifact_api.ArtifactArchive.as_view(), name="api-job-artifact-archive"),
     path("jobs/<id:job_id>/artifacts/fetch/", artifact_api.ArtifactFetch.as_view(), name="api-job-artifact-fetch"),
     path("jobs/<id:job_id>/artifacts/<path:name>", artifact_api.ArtifactFile.as_view(), name="api-job-artifact"),
+    path("jobs/<id:job_id>/files/", project_api.JobFiles.as_view(), name="api-job-files"),
+    path("jobs/<id:job_id>/files/<path:path>", project_api.JobFile.as_view(), name="api-job-file"),
     path("jobs/<id:job_id>/rerun-from-checkpoint/", artifact_api.RerunFromCheckpoint.as_view(),
          name="api-job-rerun-from-checkpoint"),
     path("quota/", api.QuotaView.as_view(), name="api-quota"),

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from jobs import backends
-from jobs.domain import quotas
+from jobs.domain import projects, quotas
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
 from jobs.models import Image
@@ -250,6 +250,11 @@ class JobForm(forms.Form):
                   "jobs only. Empty: one size for the whole run.")
     script = forms.IntegerField(required=False, min_value=1)
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
+    project = forms.IntegerField(required=False, min_value=1,
+                                 help_text="A project uploaded as an archive (POST /api/projects/): its id.")
+    entry_point = forms.CharField(max_length=1024, required=False, strip=False, label="Entry point",
+                                  help_text="The project's .py file the job runs, e.g. train.py or src/train.py; "
+                                            "the working directory is the project's root.")
     args = StringListField(required=False)
     env = StringMapField(required=False)
     launcher = forms.CharField(
@@ -306,6 +311,15 @@ class JobForm(forms.Form):
         if script is None:
             raise forms.ValidationError(f"No script with id {script_id}. Upload it first (POST /api/scripts/).")
         return script
+
+    def clean_project(self):
+        project_id = self.cleaned_data["project"]
+        if project_id is None:
+            return None
+        project = projects.visible_projects(self.user).filter(pk=project_id).first()
+        if project is None:
+            raise forms.ValidationError(f"No project with id {project_id}. Upload it first (POST /api/projects/).")
+        return project
 
     def clean_script_path(self):
         path = self.cleaned_data["script_path"]
@@ -368,14 +382,16 @@ class JobForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        script, path = data.get("script"), data.get("script_path")
-        if "script" not in self.errors and "script_path" not in self.errors:
-            given = sum(bool(source) for source in (script, path, self._has_upload()))
+        script, path, project = data.get("script"), data.get("script_path"), data.get("project")
+        if not {"script", "script_path", "project"} & set(self.errors):
+            given = sum(bool(source) for source in (script, path, self._has_upload(), project))
             if given > 1:
-                self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script path.")
+                self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script "
+                                         "path, a project.")
             elif given == 0:
                 self.add_error("script", "Choose a script: upload one, pick one from the library, "
-                                         "or give the path of a script inside the image.")
+                                         "give the path of a script inside the image, or give a project.")
+        self._clean_entry_point(data)
         backend, gpus = data.get("backend"), data.get("gpus")
         self._clean_launcher(data)
         most = data.get("max_gpus")
@@ -387,6 +403,10 @@ class JobForm(forms.Form):
         self._clean_backend_fields(backend, data)
         if backend is not None:
             backend.clean(self, data)
+            if data.get("project") and not backend.runs_projects and "project" not in self.errors:
+                able = [b.label for b in backends.enabled() if b.runs_projects]
+                self.add_error("project", f"{backend.label} cannot run projects yet"
+                                          f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
             most = data.get("max_gpus")
             if most is not None and "max_gpus" not in self.errors and "launcher" not in self.errors \
                     and (problem := backend.max_gpus_problem(most, data.get("launcher"))):
@@ -432,6 +452,24 @@ class JobForm(forms.Form):
             self.add_error("launcher", f"{backend.label} cannot start {launchers.LAUNCHERS[name].label} jobs yet"
                                        f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
 
+    def _clean_entry_point(self, data):
+        """A project's entry point: a .py file in it; none without a project."""
+        project, entry = data.get("project"), (data.get("entry_point") or "").strip()
+        if "project" in self.errors or "entry_point" in self.errors:
+            return
+        if project is None:
+            if entry:
+                self.add_error("entry_point", "An entry point goes with a project; give project too.")
+            return
+        if not entry:
+            self.add_error("entry_point", "Name the project's .py file the job runs, e.g. train.py.")
+            return
+        problem = projects.entry_point_problem(project, entry)
+        if problem:
+            self.add_error("entry_point", problem)
+        else:
+            data["entry_point"] = projects.clean_entry_point(entry)
+
     def _has_upload(self):
         return False
 
@@ -445,6 +483,8 @@ class JobForm(forms.Form):
             "max_gpus": data.get("max_gpus"),
             "script": data["script"],
             "script_path": data["script_path"] if not data["script"] else "",
+            "project": data.get("project"),
+            "entry_point": (data.get("entry_point") or "") if data.get("project") else "",
             "args": data["args"],
             "env": data["env"],
             "launcher": data["launcher"],
@@ -521,6 +561,20 @@ class ScriptUploadForm(forms.Form):
             raise forms.ValidationError(f"The script is not valid UTF-8 (byte {exc.start}).")
         _no_nul(text, "The script")
         return {"name": name, "content": text, "sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}
+
+
+class ProjectUploadForm(forms.Form):
+    """A project as an archive (.zip or .tar.gz), read as untrusted (runners.projects): `file`
+    cleans to the archive's bytes, within the site's limit on its size."""
+
+    file = forms.FileField()
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        limit = projects.limits().archive_bytes
+        if upload.size > limit:
+            raise forms.ValidationError(f"The archive is {upload.size:,} bytes; at most {limit:,} are taken.")
+        return upload.read(limit + 1)
 
 
 def safe_script_name(name):

@@ -7,12 +7,13 @@ from django import forms
 from django.conf import settings
 
 from jobs import backends
-from jobs.domain import quotas
+from jobs.domain import projects, quotas
 from jobs.domain.services import visible_jobs, visible_scripts
 from jobs.models import Image, Script
 from jobs.web import formhints
 from jobs.web.formhints import DescribedSelect, script_description
-from jobs.web.forms import ArgsTextField, EnvTextField, ImageField, JobForm, NoteField, ScriptUploadForm, TagsTextField
+from jobs.web.forms import (ArgsTextField, EnvTextField, ImageField, JobForm, NoteField, ProjectUploadForm,
+                            ScriptUploadForm, TagsTextField)
 from runners import launchers
 
 GONE = "The script uploaded earlier is gone; upload it again."
@@ -30,6 +31,12 @@ class JobPageForm(JobForm):
     # rest is refused), so the user need not choose the file again; a new file replaces it.
     uploaded_script = forms.IntegerField(required=False, min_value=1, max_value=2 ** 31 - 1, widget=forms.HiddenInput,
                                          error_messages=dict.fromkeys(("invalid", "min_value", "max_value"), GONE))
+    # A project: an archive uploaded here (stored as the user's snapshot when the form is
+    # checked), or the one of the job this form reruns.
+    project = forms.IntegerField(required=False, min_value=1, max_value=2 ** 31 - 1, widget=forms.HiddenInput)
+    project_file = forms.FileField(required=False, label="or upload a project (.zip, .tar.gz)",
+                                   help_text="A folder of modules and files; name its entry point below.",
+                                   widget=forms.ClearableFileInput(attrs={"accept": ".zip,.tar.gz,.tgz"}))
     parent = forms.IntegerField(required=False, min_value=1, max_value=2 ** 31 - 1, widget=forms.HiddenInput,
                                 error_messages=dict.fromkeys(("invalid", "min_value", "max_value"), NOT_YOURS))
     args = ArgsTextField(required=False, widget=forms.TextInput, label="Arguments",
@@ -44,7 +51,8 @@ class JobPageForm(JobForm):
     note = NoteField(help_text="Why you run this job (shown on its page).")
 
     # The offered backends' own fields (Backend.page_fields) come right after "backend".
-    field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "args", "env", "backend",
+    field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "project_file",
+                   "entry_point", "args", "env", "backend",
                    "gpu_model", "time_limit_minutes", "group", "priority", "tags", "note"]
 
     def __init__(self, *args, **kwargs):
@@ -160,6 +168,23 @@ class JobPageForm(JobForm):
 
     def _has_upload(self):
         return bool(self.files.get("script_file")) or bool(self.cleaned_data.get("uploaded_script"))
+
+    def clean_project_file(self):
+        upload = self.cleaned_data.get("project_file")
+        if not upload:
+            return None
+        upload_form = ProjectUploadForm(files={"file": upload})
+        if not upload_form.is_valid():
+            raise forms.ValidationError(upload_form.errors["file"])
+        try:
+            return projects.store(self.user, upload_form.cleaned_data["file"])
+        except projects.BadProject as exc:
+            raise forms.ValidationError(str(exc))
+
+    def clean(self):
+        if self.cleaned_data.get("project_file"):
+            self.cleaned_data["project"] = self.cleaned_data["project_file"]
+        return super().clean()
 
     def clean_script_file(self):
         upload = self.cleaned_data.get("script_file")

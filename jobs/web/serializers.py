@@ -5,7 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import backends
-from jobs.models import Image, Job, JobEvent, LogLine, Script
+from jobs.models import Image, Job, JobEvent, LogLine, Project, Script
 from jobs.web import forms
 from jobs.domain.logwire import rank_label
 from jobs.domain.scheduler import queue_position
@@ -28,6 +28,27 @@ class ScriptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Script
         fields = ["id", "name", "sha256", "size"]
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    files = serializers.IntegerField(help_text="How many files the project has.")
+    size = serializers.IntegerField(help_text="Bytes of its files together.")
+
+    class Meta:
+        model = Project
+        fields = ["id", "sha256", "files", "size"]
+
+
+class ProjectFileSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="The file's path in the project, with / between folders.")
+    size = serializers.IntegerField()
+
+
+class JobProjectSerializer(serializers.Serializer):
+    """What a job runs of a project: the snapshot and the entry point."""
+    id = serializers.IntegerField(source="project.id")
+    sha256 = serializers.CharField(source="project.sha256")
+    entry_point = serializers.CharField()
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -83,17 +104,23 @@ class JobSerializer(serializers.ModelSerializer):
     size = serializers.SerializerMethodField()
     tags = serializers.ListField(child=serializers.CharField(), read_only=True,
                                  help_text="Labels to find the job by (GET /api/jobs/?tag=).")
+    project = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         list_serializer_class = JobListSerializer
         fields = [
             "id", "name", "owner", "image", "launcher", "gpus", "max_gpus", "size", "script", "script_name", "script_path",
-            "args", "env", "backend", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
+            "project", "args", "env", "backend", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "tags", "note", "checkpoint_pattern", "checkpoint", "artifacts_bytes", "artifacts_note",
             "url",
         ]
+
+    @extend_schema_field(JobProjectSerializer(allow_null=True))
+    def get_project(self, job):
+        """The project the job runs ({"id", "sha256", "entry_point"}), or null for a script."""
+        return JobProjectSerializer(job).data if job.project_id else None
 
     def get_fields(self):
         """With the enabled backends' own fields (Backend.api_fields, e.g. kubernetes' cluster),
@@ -168,6 +195,8 @@ class JobCreateRequest(serializers.Serializer):
                                         help_text="Makes the job elastic: the most GPUs it may grow to (>= gpus).")
     script = serializers.IntegerField(required=False, help_text="Id from POST /api/scripts/.")
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
+    project = serializers.IntegerField(required=False, help_text="Or a project: id from POST /api/projects/.")
+    entry_point = serializers.CharField(required=False, help_text="With project: its .py file the job runs.")
     args = serializers.ListField(child=serializers.CharField(), required=False)
     env = serializers.DictField(child=serializers.CharField(), required=False)
     launcher = serializers.ChoiceField(choices=launchers.choices(), required=False,
@@ -229,6 +258,10 @@ class QuotaSerializer(serializers.Serializer):
 
 class ScriptUploadRequest(serializers.Serializer):
     file = serializers.FileField()
+
+
+class ProjectUploadRequest(serializers.Serializer):
+    file = serializers.FileField(help_text="A .zip or .tar.gz of the project.")
 
 
 # --- what the API answers, for the OpenAPI schema (the views build these dicts themselves) --------

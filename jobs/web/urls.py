@@ -16,6 +16,7 @@ urlpatterns = [
     path("jobs/<id:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<id:job_id>/rerun/", views.job_rerun, name="job-rerun"),
     path("jobs/<id:job_id>/notes/", views.job_notes, name="job-notes"),
+    path("jobs/<id:job_id>/files/<path:path>", views.job_file, name="job-file"),
     path("jobs/<id:job_id>/artifacts.tar.gz", artifact_views.artifact_archive, name="job-artifact-archive"),
     path("jobs/<id:job_id>/artifacts/fetch/", artifact_views.artifact_fetch, name="job-artifact-fetch"),
     path("jobs/<id:job_id>/artifacts/<path:name>", artifact_views.artifact_file, name="job-artifact"),

@@ -8,7 +8,7 @@ from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs.domain import artifacts, logquery, scheduler, services, tbmetrics
+from jobs.domain import artifacts, logquery, projects, scheduler, services, tbmetrics
 from jobs.domain.services import visible_jobs
 from jobs import backends
 from jobs.web.forms import JobForm, JobNotesPageForm
@@ -65,6 +65,7 @@ def _job_page(request, job, notes_form, status=200):
         "queue_position": scheduler.queue_position(job),
         "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
         "notes_form": notes_form,
+        "project_files": projects.job_files(job) if job.project_id else [],
         "artifacts": artifacts.listing(job)[:MAX_ARTIFACTS_SHOWN + 1],
         "max_artifacts_shown": MAX_ARTIFACTS_SHOWN,
         "artifacts_note": artifacts.note(job),
@@ -155,6 +156,21 @@ def job_notes(request, job_id):
     services.annotate(job, form.changes())
     messages.success(request, f"Saved the tags and note of job {job.pk}.")
     return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+def job_file(request, job_id, path):
+    """One file of the job's project, shown as text (or said to be binary, with its download)."""
+    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    try:
+        content = projects.job_file(job, path)
+    except KeyError:
+        raise Http404("No such file in the job's project.") from None
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return render(request, "jobs/job_file.html", {"job": job, "path": path, "text": text, "size": len(content)})
 
 
 @login_required

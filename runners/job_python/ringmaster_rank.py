@@ -45,6 +45,9 @@ MAP_FILE = "RINGMASTER_GPU_MAP_FILE"
 SLOT = "RINGMASTER_SLOT"
 # Where the job's ranks write their artifacts: made here, as the job, before its script runs.
 OUTPUT_DIR = "RINGMASTER_OUTPUT_DIR"
+# A job that runs a project: the project's folder (runners.projects), the rank's working
+# directory, where its entry point's path starts.
+PROJECT_DIR = "RINGMASTER_PROJECT_DIR"
 
 
 def indices_for(mapping, host):
@@ -203,6 +206,8 @@ def main():
             os.makedirs(os.environ[OUTPUT_DIR], mode=0o700, exist_ok=True)
         except OSError as exc:        # the script still runs; it finds no folder there
             print(f"ringmaster: cannot make {OUTPUT_DIR} {os.environ[OUTPUT_DIR]}: {exc}", file=sys.stderr)
+    if os.environ.get(PROJECT_DIR):
+        os.chdir(os.environ[PROJECT_DIR])
     if os.environ.get(PREFIX_OUTPUT) == "1":
         prefix_output(os.environ.get("RANK", "?"))
         run_recorded(argv)
