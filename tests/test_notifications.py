@@ -1,9 +1,13 @@
 """Notifications (issue 44, part 3): targets on the settings page (refused where they point at
 this machine or a private network, another user's a 404), Send test, e-mail through Django's
 mail (the locmem outbox here), and the events: a job's end (from the state machine, once),
-a long wait and idle GPUs (beat's check, once a job)."""
+a long wait and idle GPUs (beat's check, once a job). Issue 58: a delivery connects only to the
+address its host was checked at and follows no redirect (loopback listeners that must see nothing)."""
 import ipaddress
 import json
+import socket
+import sys
+import types
 from datetime import timedelta
 
 import pytest
@@ -51,6 +55,10 @@ def test_an_apprise_url_is_checked_alike_and_one_apprise_does_not_know_is_refuse
     assert unknown.status_code == 400 and 'data-field="address"' in unknown.content.decode()
     local = add_target(client, "syslog://", kind="apprise")
     assert local.status_code == 400 and 'data-field="address"' in local.content.decode()
+    for unpinned in ("rsyslog://example.com", "irc://nick@irc.example.com/#ml"):   # their own protocols
+        response = add_target(client, unpinned, kind="apprise")
+        assert response.status_code == 400 and 'data-field="address"' in response.content.decode()
+        assert "cannot be held to the address" in response.content.decode()
     bad_mail = add_target(client, "not-an-address", kind="email")
     assert bad_mail.status_code == 400 and 'data-field="address"' in bad_mail.content.decode()
     assert not NotificationTarget.objects.exists()
@@ -168,6 +176,106 @@ def test_send_test_reaches_a_chat_server_through_apprise(client, alice):
                                                                                                     "delivered"]
     sent = [json.loads(body) for _, _, body in server.requests]
     assert len(sent) == 2 and sent[1]["title"] == "Ringmaster test notification"
+
+
+def apprise_target(owner, url):
+    target = NotificationTarget(owner=owner, kind="apprise", shown=url)
+    target.set_address(url)
+    target.save()
+    return target
+
+
+def stop(*servers):
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_an_apprise_target_that_redirects_to_a_refused_address_is_not_delivered_there(client, alice, settings,
+                                                                                      status):
+    """A json:// target on an allowed address answers with a redirect to a loopback address that
+    no network allows: that address sees no connection, and the log says a redirect was refused,
+    nothing of what answered."""
+    settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+    inside = serve(host="127.0.0.2")
+    outside = serve(redirect=(status, f"http://127.0.0.2:{inside.server_address[1]}/internal"))
+    try:
+        client.force_login(alice)
+        url = f"json://127.0.0.1:{outside.server_address[1]}/chat"
+        assert add_target(client, url, kind="apprise").status_code == 302
+        delivery = notifications.send_test(NotificationTarget.objects.get(owner=alice))
+    finally:
+        stop(inside, outside)
+    assert len(outside.requests) == 1
+    assert inside.connections == 0
+    assert (delivery.status, delivery.detail) == ("failed", "refused: redirect")
+
+
+def test_a_webhook_that_redirects_is_refused_alike(alice, settings):
+    """A webhook's log says the same of a redirect: not what the host answered."""
+    settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+    inside = serve(host="127.0.0.2")
+    outside = serve(redirect=(307, f"http://127.0.0.2:{inside.server_address[1]}/internal"))
+    target = NotificationTarget(owner=alice, kind="webhook", shown="http://127.0.0.1/")
+    target.set_address(outside.url)
+    target.set_secret("s")
+    target.save()
+    try:
+        delivery = notifications.send_test(target)
+    finally:
+        stop(inside, outside)
+    assert (len(outside.requests), inside.connections) == (1, 0)
+    assert (delivery.status, delivery.detail) == ("failed", "refused: redirect")
+
+
+def test_an_apprise_host_name_is_resolved_once_and_connected_to_where_it_was_checked(alice, settings, monkeypatch):
+    """DNS rebinding: a name whose first answer is an allowed address and every later one a
+    refused address. The delivery checks the first answer and connects there; the refused
+    address sees no connection. (The resolver is the one part faked: a DNS server that changes
+    its answer cannot run here without changing the machine's resolver.)"""
+    settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+    allowed = serve(fail_first=0)
+    port = allowed.server_address[1]
+    refused = serve(host="127.0.0.2", port=port)           # where a second lookup would connect
+    answers, real = iter(["127.0.0.1"]), socket.getaddrinfo
+
+    def rebinding(host, *args, **kwargs):
+        if host == "chat.rebinding.test":
+            host = next(answers, "127.0.0.2")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    target = apprise_target(alice, f"json://chat.rebinding.test:{port}/chat")
+    try:
+        delivery = notifications.send_test(target)
+    finally:
+        stop(allowed, refused)
+    assert refused.connections == 0
+    assert delivery.status == "delivered" and len(allowed.requests) == 1
+    assert json.loads(allowed.requests[0][2])["title"] == "Ringmaster test notification"
+    assert allowed.requests[0][1]["Host"] == f"chat.rebinding.test:{port}"
+
+
+def test_every_apprise_plugin_that_is_not_sent_over_requests_is_refused():
+    """The installed Apprise's plugins that reach their server without requests (a socket, SMTP,
+    TLS of their own), whose connections PinnedAdapter cannot hold, are all in notify_send's sets
+    of plugins not sent (a new Apprise release's new protocol shows here)."""
+    from apprise.manager_plugins import NotificationManager
+
+    transports = ("socket", "ssl", "smtplib", "asyncio", "paho", "slixmpp", "gntp", "smpplib", "apprise.utils.socket")
+    refused = notify_send.LOCAL_PLUGINS | notify_send.UNPINNED_PLUGINS
+    manager = NotificationManager()
+    manager.load_modules()
+    for plugin in set(manager.plugins()):
+        homes = {tuple(cls.__module__.split(".")[:3]) for cls in plugin.__mro__    # apprise.plugins.<module or package>
+                 if cls.__module__.startswith("apprise.plugins.") and cls.__module__ != "apprise.plugins.base"}
+        modules = [module for name, module in list(sys.modules.items()) if tuple(name.split(".")[:3]) in homes]
+        used = {value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+                for module in modules for value in vars(module).values()}
+        by_requests = "requests" in used and not any(name == t or name.startswith(f"{t}.") for name in used
+                                                     for t in transports)
+        assert by_requests or plugin.__module__.split(".")[2] in refused, plugin.__module__
 
 
 def test_a_webhook_secret_is_made_and_shown_once_and_stored_encrypted(client, alice):

@@ -96,10 +96,13 @@ def resolve(host, port=None):
     return addresses
 
 
-def checked(host, port=None):
-    """The addresses of `host`, every one of them allowed; else Refused saying why."""
+def checked(host, port=None, allowed=None, own=None):
+    """The addresses of `host`, every one of them allowed; else Refused saying why. `allowed` and
+    `own` (allowed_networks(), own_addresses()) are read now unless given: a caller that checks
+    from a thread with no database connection of its own reads them first."""
     addresses = resolve(host, port)
-    allowed, own = allowed_networks(), own_addresses()
+    allowed = allowed_networks() if allowed is None else allowed
+    own = own_addresses() if own is None else own
     for address in addresses:
         kind = refused_kind(address, allowed, own)
         if kind and str(address) == host.strip("[]"):

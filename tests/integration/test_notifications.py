@@ -20,16 +20,22 @@ SECRET = "the receivers-own-secret"
 
 
 class Receiver(ThreadingHTTPServer):
-    """Records each POST (path, headers, body); answers 500 to the first `fail_first`, 200 to
-    the others."""
+    """Counts each connection and records each POST (path, headers, body); answers 500 to the
+    first `fail_first`, 200 to the others; given `redirect` ((status, location)), that redirect."""
 
-    def __init__(self, fail_first=1):
-        self.requests, self.lock, self.fail_first = [], threading.Lock(), fail_first
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, fail_first=1, host="127.0.0.1", redirect=None, port=0):
+        self.requests, self.connections, self.lock = [], 0, threading.Lock()
+        self.fail_first, self.redirect = fail_first, redirect
+        super().__init__((host, port), _Handler)
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}/hooks/ringmaster?team=ml"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}/hooks/ringmaster?team=ml"
+
+    def verify_request(self, request, client_address):
+        with self.lock:
+            self.connections += 1
+        return True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -38,7 +44,12 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.requests.append((self.path, dict(self.headers), body))
             failing = len(self.server.requests) <= self.server.fail_first
-        self.send_response(500 if failing else 200)
+        if self.server.redirect:
+            status, location = self.server.redirect
+            self.send_response(status)
+            self.send_header("Location", location)
+        else:
+            self.send_response(500 if failing else 200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -46,10 +57,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(fail_first=1):
-    """A Receiver on loopback, serving from a thread of this process until shut down."""
-    server = Receiver(fail_first)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def serve(fail_first=1, host="127.0.0.1", redirect=None, port=0):
+    """A Receiver on loopback (`host`: 127.0.0.1, or another of 127.0.0.0/8; `port` 0: a free
+    one), serving from a thread of this process until shut down."""
+    server = Receiver(fail_first, host, redirect, port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
