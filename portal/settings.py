@@ -70,12 +70,14 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",        # Swagger UI's files, served from here (no CDN)
+    "csp",
     "channels",
     "jobs",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -199,9 +201,34 @@ SPECTACULAR_SETTINGS = {
 }
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
+# RINGMASTER_HTTPS: users reach the portal only over HTTPS, directly or through a proxy that ends
+# TLS and says so in X-Forwarded-Proto. Browsers are then told to come back only over HTTPS
+# (HSTS, a year), cookies travel only over HTTPS, and a request the proxy marks https is secure
+# (HSTS is sent on it; the websocket's Origin check expects https://).
+# SECURE_COOKIES=true, the setting's earlier name, says the same.
+HTTPS = env_bool("RINGMASTER_HTTPS", env_bool("SECURE_COOKIES", False))
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS else 0
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+
+# Content-Security-Policy (django-csp): scripts, styles, images and connections of the portal's
+# own origin only, and no inline script or style. The pages' scripts are static files; what a
+# template hands them is JSON in <script type="application/json"> (json_script), which no browser
+# runs. The API docs page alone takes inline styles (Swagger UI's page: portal.urls).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],          # the API and the job websocket (ws:/wss: of this origin)
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # --- static files ---------------------------------------------------------------------------
 STATIC_URL = "static/"
@@ -367,7 +394,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"refusals_in_one_line": {"()": "portal.logfilters.RefusalsInOneLine"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["refusals_in_one_line"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -393,7 +393,7 @@ def test_commented_example_for_another_namespace_matches_the_role():
 
 def test_settings_parser_finds_the_variables_it_should():
     found = settings_env_vars()
-    assert MUST_HAVE_ENV | {"ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "SECURE_COOKIES", "DATABASE_CONN_MAX_AGE",
+    assert MUST_HAVE_ENV | {"ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "RINGMASTER_HTTPS", "DATABASE_CONN_MAX_AGE",
                             "RINGMASTER_DATA_DIR", "RINGMASTER_LOCAL_GPUS", "LOG_LEVEL"} <= found
     assert "NOT_A_SETTING" not in found
 

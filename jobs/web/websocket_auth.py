@@ -2,8 +2,10 @@
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import WebsocketDenier
 from django.contrib.auth.models import AnonymousUser
+from django.http import HttpRequest
+from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
 
@@ -30,16 +32,43 @@ def TokenOrSessionAuthMiddleware(inner):
     return AuthMiddlewareStack(_TokenHeaderMiddleware(inner))
 
 
+class _Handshake(HttpRequest):
+    """A websocket handshake as Django sees a request: its headers, the server's address, and
+    its scheme (https where the connection is wss, or where SECURE_PROXY_SSL_HEADER says so)."""
+
+    def __init__(self, scope):
+        super().__init__()
+        self._secure = scope.get("scheme") in ("wss", "https")
+        server = scope.get("server") or ("", None)
+        self.META = {"SERVER_NAME": server[0], "SERVER_PORT": str(server[1] or (443 if self._secure else 80))}
+        for name, value in scope.get("headers", []):
+            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+            value = value.decode("latin-1")
+            self.META[key] = f"{self.META[key]},{value}" if key in self.META else value
+
+    def _get_scheme(self):
+        return "https" if self._secure else "http"
+
+
+def same_origin(scope):
+    """Whether the handshake's Origin is the portal's own (scheme, host and port of the Host the
+    browser sent, the host one of ALLOWED_HOSTS) or one of CSRF_TRUSTED_ORIGINS: what Django's
+    CSRF check accepts from a form posted to the portal."""
+    request = _Handshake(scope)
+    return "HTTP_ORIGIN" in request.META and CsrfViewMiddleware(lambda request: None)._origin_verified(request)
+
+
 class OriginOrTokenValidator:
-    """Browsers always send Origin: it must name an allowed host (no cross-site hijacking of the
-    session cookie). A client with no Origin header (the CLI, scripts) must use a token."""
+    """Browsers always send Origin: it must be the portal's own (same_origin), so that no other
+    site, nor another port of the same host, rides the session cookie. A client with no Origin
+    header (the CLI, scripts) must use a token."""
 
     def __init__(self, application):
         self.application = application
-        self.origin_checked = AllowedHostsOriginValidator(application)
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers", []))
-        if b"origin" not in headers and headers.get(b"authorization", b"").lower().startswith(b"token "):
+        token_only = b"origin" not in headers and headers.get(b"authorization", b"").lower().startswith(b"token ")
+        if token_only or same_origin(scope):
             return await self.application(scope, receive, send)
-        return await self.origin_checked(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)

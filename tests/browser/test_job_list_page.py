@@ -4,7 +4,7 @@ import pytest
 
 from jobs.domain import states
 from jobs.models import Job, Script, State
-from tests.browser.conftest import expect
+from tests.browser.conftest import expect, wait_for_page
 from tests.browser.test_live_job_page import off_loop
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -21,8 +21,7 @@ def row(page, job):
 
 def wait_for_refresh(page):
     updates = int(page.locator("#job-table").get_attribute("data-updated") or 0)
-    page.wait_for_function(f"Number(document.getElementById('job-table').dataset.updated || 0) > {updates}",
-                           timeout=15_000)
+    wait_for_page(page, f"Number(document.getElementById('job-table').dataset.updated || 0) > {updates}")
 
 
 def test_new_jobs_appear_and_states_change_without_a_reload(log_in, alice, image):

@@ -3,7 +3,7 @@ the dark bar, not white on the white page), and no page scrolls sideways: the jo
 page with its charts, the job form, usage."""
 import pytest
 
-from tests.browser.conftest import expect
+from tests.browser.conftest import expect, wait_for_page
 from tests.browser.test_live_job_page import job, store  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -69,8 +69,8 @@ def test_every_page_fits_a_phone_and_log_out_reads(log_in, alice, make_user, job
 
     # Turned sideways, the charts grow with their card.
     page.set_viewport_size({"width": 844, "height": 390})
-    page.wait_for_function("""() => {
+    wait_for_page(page, """() => {
         const card = document.getElementById('charts').getBoundingClientRect().width;
         const plot = document.querySelector('#charts .chart .uplot').getBoundingClientRect().width;
         return plot > 500 && plot <= card;
-    }""", timeout=10_000)
+    }""", timeout=10)

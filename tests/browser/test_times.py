@@ -7,7 +7,7 @@ import pytest
 
 from jobs.domain import states
 from jobs.models import Job, State
-from tests.browser.conftest import expect
+from tests.browser.conftest import expect, wait_for_page
 from tests.browser.test_live_job_page import job, off_loop  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -63,6 +63,6 @@ def test_the_job_list_shows_submitted_in_the_viewers_zone_before_and_after_a_ref
     expect(time).to_have_attribute("title", f"{full(created)} ({ZONE})")
     expect(page.locator("table.jobs th [data-tz-name]")).to_have_text(ZONE)
     updates = int(page.locator("#job-table").get_attribute("data-updated") or 0)
-    page.wait_for_function(f"Number(document.getElementById('job-table').dataset.updated || 0) > {updates}",
-                           timeout=15_000)                                # a live refresh of the rows
+    # A live refresh of the rows:
+    wait_for_page(page, f"Number(document.getElementById('job-table').dataset.updated || 0) > {updates}")
     expect(time).to_have_text(local(created, "%H:%M:%S"))

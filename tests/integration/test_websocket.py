@@ -115,6 +115,30 @@ def test_strangers_and_anonymous_clients_are_refused_before_any_data(live_portal
     assert asyncio.run(accepted({"Origin": live_portal, "Cookie": cookie})) == "state"   # the cookie is good
 
 
+def test_only_the_portals_own_origin_rides_the_session_cookie(live_portal, job):
+    """A page served from another port of the portal's host, or over another scheme, is another
+    site: its websocket is refused although the browser sends the user's cookie with it."""
+    cookie = session_cookie(job.owner)
+    host, port = live_portal.removeprefix("http://").split(":")
+
+    async def answer(headers):
+        try:
+            async with connect(ws_url(live_portal, job), additional_headers={"Cookie": cookie, **headers}) as ws:
+                return (await receive_until(ws, lambda m: any(x["type"] == "state" for x in m)))[0]["type"]
+        except InvalidStatus as refusal:
+            return refusal.response.status_code
+
+    assert asyncio.run(answer({"Origin": f"http://{host}:{int(port) + 1}"})) == 403
+    assert asyncio.run(answer({"Origin": f"http://localhost:{port}"})) == 403   # an allowed host, not this one
+    assert asyncio.run(answer({"Origin": f"https://{host}:{port}"})) == 403
+    assert asyncio.run(answer({"Origin": "null"})) == 403
+    assert asyncio.run(answer({"Origin": live_portal})) == "state"
+    # Behind a TLS proxy (uvicorn trusts X-Forwarded-Proto from loopback) the page is https.
+    behind_tls = {"Origin": f"https://{host}:{port}", "X-Forwarded-Proto": "https"}
+    assert asyncio.run(answer(behind_tls)) == "state"
+    assert asyncio.run(answer({**behind_tls, "Origin": live_portal})) == 403
+
+
 def session_cookie(user):
     from django.conf import settings
     from django.test import Client
