@@ -1037,7 +1037,8 @@ class SSHRunner(Runner):
         all were brought or ""). A file already there with the same size and time is not read
         again. Only regular files owned by whoever owns the output folder are read, each checked
         once opened against what the listing said: a link the job planted never reaches another
-        file of the account's."""
+        file of the account's. The folder is walked within runners.artifacts' limits, as a local
+        one is; what is left out (too deep, too many, unreadable) is named in the note."""
         client = self._connect(self.first)
         try:
             sftp = client.open_sftp()

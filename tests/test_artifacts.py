@@ -20,6 +20,9 @@ from jobs.backends.instances.models import Instance
 from jobs.domain import artifacts as job_artifacts
 from jobs.models import Job, Quota, Script, State
 from runners import artifacts
+from runners.base import JobSpec
+from runners.ssh import Host, SSHRunner
+from tests import sshd
 
 pytestmark = pytest.mark.django_db
 
@@ -257,8 +260,8 @@ def nest(folder, depth, files):
 @pytest.fixture
 def deep_job(job):
     """`job`, its output folder 2,000 folders deep: a file at the top, one in the deepest folder
-    a walk enters, one just below it and one at the bottom. Removed afterwards (pytest's own
-    clean-up would recurse)."""
+    a walk enters, one just below it and one at the bottom. Removed afterwards where the test left it
+    (pytest's own clean-up would recurse)."""
     folder = output_of(job)
     nest(folder, DEEP, {0: ("top.txt", b"top"), WITHIN: ("within.bin", b"w" * 1000),
                         WITHIN + 1: ("below.bin", b"b" * 7), DEEP: ("bottom.bin", b"x" * 11)})
@@ -266,8 +269,8 @@ def deep_job(job):
     artifacts.remove_tree(folder)
 
 
-def test_an_output_folder_2000_deep_lists_archives_and_counts_the_files_within_the_limits(deep_job, api_client,
-                                                                                          client):
+def test_an_output_folder_2000_deep_lists_archives_and_expires_and_the_other_jobs_expire_too(
+        deep_job, api_client, client, image, settings):
     job = deep_job
     within = "d/" * WITHIN + "within.bin"
     api = api_client(job.owner)
@@ -297,6 +300,21 @@ def test_an_output_folder_2000_deep_lists_archives_and_counts_the_files_within_t
     job.refresh_from_db()
     assert (job.artifacts_bytes, job.artifacts_note) == (1003, "")
 
+    settings.RINGMASTER_ARTIFACT_RETENTION_DAYS = 7
+    now = timezone.now()
+    ended = {"state": State.SUCCEEDED, "finished_at": now - timedelta(days=8)}
+    Job.objects.filter(pk=job.pk).update(**ended)
+    older = make_job(job.owner, image, **ended)
+    Job.objects.filter(pk=older.pk).update(created_at=job.created_at - timedelta(hours=1))   # after it in the sweep
+    newer = make_job(job.owner, image, **ended)                                            # before it
+    for other in (older, newer):
+        write(output_of(other), "old.bin", b"old!")
+    assert job_artifacts.expire(now) == 3
+    for expired in (job, older, newer):
+        expired.refresh_from_db()
+        assert (expired.artifacts_deleted_at, expired.artifacts_bytes) == (now, 0)
+        assert not os.path.lexists(backends.of(expired).artifacts_root(expired))
+
 
 def test_the_walk_stops_after_its_number_of_names_and_says_where(tmp_path):
     write(tmp_path, "a.txt", b"a")
@@ -313,24 +331,6 @@ def test_an_output_folder_replaced_by_a_link_is_neither_followed_nor_deleted_thr
     assert artifacts.walk(link).files == [] and "cannot be read" in artifacts.walk(link).skipped[0].reason
     artifacts.remove_tree(link)
     assert not os.path.lexists(link) and outside.read_text() == "the portal's own file"
-
-
-def test_retention_deletes_a_2000_deep_output_folder_and_goes_on_with_the_other_jobs(deep_job, image, settings):
-    settings.RINGMASTER_ARTIFACT_RETENTION_DAYS = 7
-    now = timezone.now()
-    ended = {"state": State.SUCCEEDED, "finished_at": now - timedelta(days=8)}
-    Job.objects.filter(pk=deep_job.pk).update(**ended)
-    older = make_job(deep_job.owner, image, **ended)
-    Job.objects.filter(pk=older.pk).update(created_at=deep_job.created_at - timedelta(hours=1))  # after it in the sweep
-    newer = make_job(deep_job.owner, image, **ended)                                            # before it
-    for other in (older, newer):
-        write(output_of(other), "old.bin", b"old!")
-
-    assert job_artifacts.expire(now) == 3
-    for expired in (deep_job, older, newer):
-        expired.refresh_from_db()
-        assert expired.artifacts_deleted_at == now
-        assert not os.path.lexists(backends.of(expired).artifacts_root(expired))
 
 
 def test_a_job_whose_artifacts_cannot_be_deleted_is_logged_and_the_sweep_goes_on(job, image, settings, caplog):
@@ -353,3 +353,27 @@ def test_a_job_whose_artifacts_cannot_be_deleted_is_logged_and_the_sweep_goes_on
     assert job.artifacts_deleted_at is None and stuck.exists()        # tried again next pass
     assert f"job {job.pk}: its artifacts could not be deleted" in caplog.text
     assert other.artifacts_deleted_at == now and not backends.of(other).artifacts_root(other).exists()
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_an_instances_deep_output_folder_is_brought_back_within_the_limits_saying_what_was_not(tmp_path):
+    """Over SFTP from a real sshd on loopback (the instance's folder is on this machine); the
+    remote walk is the local one's loop, so a few folders past the limit show it."""
+    key = sshd.keygen(tmp_path / "user_key")
+    port = sshd.free_port_on(["127.0.0.8"])
+    server = sshd.Sshd(tmp_path, "127.0.0.8", port, f"{key}.pub").start()
+    try:
+        host = Host(name="deep", address="127.0.0.8", port=port, user="root", private_key=key.read_text(),
+                    work_dir=str(tmp_path / "work"))
+        spec = JobSpec(job_id=9, gpus=1, python="python", script_name="t.py", script_content="", script_path=None)
+        remote = Path(host.job_dir(spec)) / artifacts.OUTPUT_DIR
+        remote.mkdir(parents=True)
+        nest(remote, WITHIN + 3, {0: ("top.txt", b"top"), WITHIN: ("within.bin", b"w" * 1000),
+                                  WITHIN + 1: ("below.bin", b"b" * 7), WITHIN + 3: ("bottom.bin", b"x" * 11)})
+        target = tmp_path / "brought"
+        kept, note = SSHRunner([host], connect_timeout=10).fetch_artifacts(spec, target, None)
+    finally:
+        server.stop()
+    assert kept == 1003
+    assert [a.name for a in artifacts.listing(target)] == ["d/" * WITHIN + "within.bin", "top.txt"]
+    assert note == f"not brought back: {artifacts.too_deep()}: {'d/' * (WITHIN + 1)}"
