@@ -61,10 +61,6 @@ def walk(job):
     return artifacts.walk(folder) if folder is not None else artifacts.Tree([], [])
 
 
-def listing(job):
-    return walk(job).files
-
-
 def open_file(job, name):
     """The artifact `name` of `job`, open for reading: BadName for a name that leaves the
     folder, FileNotFoundError for one that is not there."""
