@@ -169,8 +169,7 @@ class LocalRunner(Runner):
         """The job's folder as it starts: made anew (what a launch cut short left there is not
         trusted), with its script, the rank launcher's argv, the launcher's `files` and, for an
         elastic job, the host discovery."""
-        if directory.exists():
-            shutil.rmtree(directory)
+        artifacts.remove_tree(directory)
         directory.mkdir(mode=0o700)
         (directory / artifacts.OUTPUT_DIR).mkdir(mode=0o700)
         if spec.checkpoint is not None:

@@ -60,7 +60,8 @@ from pathlib import Path
 import paramiko
 
 from . import gpus, launchers, telemetry
-from .artifacts import CHECKPOINT_DIR, CHECKPOINT_VAR, OUTPUT_DIR, OUTPUT_DIR_VAR, open_artifact
+from .artifacts import (CHECKPOINT_DIR, CHECKPOINT_VAR, MAX_DEPTH, MAX_ENTRIES, OUTPUT_DIR, OUTPUT_DIR_VAR,
+                        Skipped, open_artifact, too_deep, too_many)
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
@@ -1036,7 +1037,8 @@ class SSHRunner(Runner):
         all were brought or ""). A file already there with the same size and time is not read
         again. Only regular files owned by whoever owns the output folder are read, each checked
         once opened against what the listing said: a link the job planted never reaches another
-        file of the account's."""
+        file of the account's. The folder is walked within runners.artifacts' limits, as a local
+        one is; what is left out (too deep, too many, unreadable) is named in the note."""
         client = self._connect(self.first)
         try:
             sftp = client.open_sftp()
@@ -1085,32 +1087,59 @@ def _fetch_tree(sftp, remote, target, room):
         return 0, ""
     if not stat.S_ISDIR(top.st_mode):
         return 0, f"{remote} is not a folder"
-    files = []
-    _list_remote(sftp, remote, "", top.st_uid, files)
+    files, skipped = _list_remote(sftp, remote, top.st_uid)
     kept = 0
     for name, attrs in sorted(files, key=lambda item: item[0]):
         if room is not None and kept + attrs.st_size > room:
             return kept, (f"stopped at {name}: the job's artifacts need more than the {room} bytes left "
                           f"in its owner's storage quota")
-        local = target.joinpath(*name.split("/"))
-        seen = local.stat() if local.is_file() else None
-        if seen is None or (seen.st_size, int(seen.st_mtime)) != (attrs.st_size, attrs.st_mtime):
-            local.parent.mkdir(parents=True, exist_ok=True)
-            if not _download(sftp, f"{remote}/{name}", attrs, local):
-                continue
-        kept += attrs.st_size
-    return kept, ""
-
-
-def _list_remote(sftp, remote, prefix, owner, files):
-    for attrs in sftp.listdir_attr(f"{remote}/{prefix}" if prefix else remote):
-        name = prefix + attrs.filename
-        if attrs.filename in (".", "..") or attrs.st_uid != owner:
+        try:
+            local = target.joinpath(*name.split("/"))
+            seen = local.stat() if local.is_file() else None
+            if seen is None or (seen.st_size, int(seen.st_mtime)) != (attrs.st_size, attrs.st_mtime):
+                local.parent.mkdir(parents=True, exist_ok=True)
+                if not _download(sftp, f"{remote}/{name}", attrs, local):
+                    continue
+        except OSError as exc:      # e.g. a path too long for one call, there or here
+            skipped.append(Skipped(name, attrs.st_mtime or 0, f"cannot be brought back: {exc.strerror or exc}"))
             continue
-        if stat.S_ISREG(attrs.st_mode):
-            files.append((name, attrs))
-        elif stat.S_ISDIR(attrs.st_mode):
-            _list_remote(sftp, remote, name + "/", owner, files)
+        kept += attrs.st_size
+    if not skipped:
+        return kept, ""
+    return kept, "not brought back: " + "; ".join(f"{item.reason}: {item.name or 'the output folder'}"
+                                                  for item in skipped)
+
+
+def _list_remote(sftp, remote, owner):
+    """([(name, SFTPAttributes)] of the regular files under `remote` owned by `owner`, [Skipped]):
+    walked with a loop, within runners.artifacts' MAX_DEPTH and MAX_ENTRIES, as a local folder is."""
+    files, skipped, seen = [], [], 0
+    folders = [("", 0)]                 # (name + "/", depth) of the folders still to read
+    while folders:
+        prefix, depth = folders.pop()
+        try:
+            listed = sftp.listdir_attr(f"{remote}/{prefix}" if prefix else remote)
+        except OSError as exc:
+            skipped.append(Skipped(prefix, 0, f"cannot be read: {exc.strerror or exc}"))
+            continue
+        for attrs in listed:
+            if attrs.filename in (".", ".."):
+                continue
+            if seen >= MAX_ENTRIES:
+                skipped.append(Skipped(prefix, 0, too_many()))
+                return files, skipped
+            seen += 1
+            name = prefix + attrs.filename
+            if attrs.st_uid != owner:
+                continue
+            if stat.S_ISREG(attrs.st_mode):
+                files.append((name, attrs))
+            elif stat.S_ISDIR(attrs.st_mode):
+                if depth >= MAX_DEPTH:
+                    skipped.append(Skipped(name + "/", attrs.st_mtime or 0, too_deep()))
+                else:
+                    folders.append((name + "/", depth + 1))
+    return files, skipped
 
 
 def _download(sftp, path, attrs, local):

@@ -2,8 +2,10 @@
 downloaded one by one or as a .tar.gz, never outside the job's output folder, counted against
 the owner's storage quota, deleted after the retention period, and a rerun from the newest
 checkpoint. The folder is a local job's own output folder, written here as a job would."""
+import gzip
 import io
 import os
+import subprocess
 import tarfile
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +20,9 @@ from jobs.backends.instances.models import Instance
 from jobs.domain import artifacts as job_artifacts
 from jobs.models import Job, Quota, Script, State
 from runners import artifacts
+from runners.base import JobSpec
+from runners.ssh import Host, SSHRunner
+from tests import sshd
 
 pytestmark = pytest.mark.django_db
 
@@ -223,3 +228,152 @@ def test_a_rerun_from_checkpoint_on_a_backend_that_cannot_give_one_is_a_400_nami
     response = api_client(alice).post(f"/api/jobs/{job.pk}/rerun-from-checkpoint/")
     assert response.status_code == 400
     assert response.json()["checkpoint_pattern"] == ["The Machines (tests) backend cannot give a new job a checkpoint."]
+
+
+# --- a tree deeper than the walk goes (issue 58, part D) ---------------------------------------------
+
+DEEP = 2000
+WITHIN = artifacts.MAX_DEPTH               # the deepest folder a walk enters
+
+
+def nest(folder, depth, files):
+    """Folders d/d/.../d, `depth` of them, under `folder`, and {level: (name, bytes)} a file in
+    the folder that many levels down. Made through open folders: the whole path is longer than
+    one system call takes."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for level in range(depth + 1):
+            if level in files:
+                name, content = files[level]
+                handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
+                os.write(handle, content)
+                os.close(handle)
+            if level < depth:
+                os.mkdir("d", dir_fd=fd)
+                below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = below
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def deep_job(job):
+    """`job`, its output folder 2,000 folders deep: a file at the top, one in the deepest folder
+    a walk enters, one just below it and one at the bottom. Removed afterwards where the test left it
+    (pytest's own clean-up would recurse)."""
+    folder = output_of(job)
+    nest(folder, DEEP, {0: ("top.txt", b"top"), WITHIN: ("within.bin", b"w" * 1000),
+                        WITHIN + 1: ("below.bin", b"b" * 7), DEEP: ("bottom.bin", b"x" * 11)})
+    yield job
+    artifacts.remove_tree(folder)
+
+
+def test_an_output_folder_2000_deep_lists_archives_and_expires_and_the_other_jobs_expire_too(
+        deep_job, api_client, client, image, settings):
+    job = deep_job
+    within = "d/" * WITHIN + "within.bin"
+    api = api_client(job.owner)
+
+    listed = api.get(f"/api/jobs/{job.pk}/artifacts/")
+    assert listed.status_code == 200
+    *files, skipped = listed.json()
+    assert [(f["name"], f["size"]) for f in files] == [(within, 1000), ("top.txt", 3)]
+    assert all(set(f) == {"name", "size", "modified"} for f in files)
+    assert skipped["name"] == "d/" * (WITHIN + 1) and skipped["size"] == 0
+    assert skipped["skipped"] == f"more than {WITHIN} folders deep: not walked"
+    assert b"".join(api.get(f"/api/jobs/{job.pk}/artifacts/{within}").streaming_content) == b"w" * 1000
+
+    response = api.get(f"/api/jobs/{job.pk}/artifacts.tar.gz")
+    assert response.status_code == 200
+    whole = gzip.decompress(b"".join(response.streaming_content))     # EOFError if cut off
+    with tarfile.open(fileobj=io.BytesIO(whole)) as archive:
+        assert sorted(archive.getnames()) == [within, "top.txt"]
+        assert archive.extractfile(within).read() == b"w" * 1000
+
+    client.force_login(job.owner)
+    page = client.get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200
+    assert 'id="artifacts-skipped"' in page.content.decode() and "folders deep: not walked" in page.content.decode()
+
+    job_artifacts.collect(job)
+    job.refresh_from_db()
+    assert (job.artifacts_bytes, job.artifacts_note) == (1003, "")
+
+    settings.RINGMASTER_ARTIFACT_RETENTION_DAYS = 7
+    now = timezone.now()
+    ended = {"state": State.SUCCEEDED, "finished_at": now - timedelta(days=8)}
+    Job.objects.filter(pk=job.pk).update(**ended)
+    older = make_job(job.owner, image, **ended)
+    Job.objects.filter(pk=older.pk).update(created_at=job.created_at - timedelta(hours=1))   # after it in the sweep
+    newer = make_job(job.owner, image, **ended)                                            # before it
+    for other in (older, newer):
+        write(output_of(other), "old.bin", b"old!")
+    assert job_artifacts.expire(now) == 3
+    for expired in (job, older, newer):
+        expired.refresh_from_db()
+        assert (expired.artifacts_deleted_at, expired.artifacts_bytes) == (now, 0)
+        assert not os.path.lexists(backends.of(expired).artifacts_root(expired))
+
+
+def test_the_walk_stops_after_its_number_of_names_and_says_where(tmp_path):
+    write(tmp_path, "a.txt", b"a")
+    write(tmp_path, "b/c.txt", b"c")
+    write(tmp_path, "b/d.txt", b"d")
+    tree = artifacts.walk(tmp_path, max_entries=3)          # a.txt, b, and one file in b
+    assert len(tree.files) == 2
+    assert [(s.name, s.reason) for s in tree.skipped] == [("b/", artifacts.too_many(3))]
+
+
+def test_an_output_folder_replaced_by_a_link_is_neither_followed_nor_deleted_through(tmp_path, outside):
+    link = tmp_path / "output"
+    link.symlink_to(outside.parent, target_is_directory=True)
+    assert artifacts.walk(link).files == [] and "cannot be read" in artifacts.walk(link).skipped[0].reason
+    artifacts.remove_tree(link)
+    assert not os.path.lexists(link) and outside.read_text() == "the portal's own file"
+
+
+def test_a_job_whose_artifacts_cannot_be_deleted_is_logged_and_the_sweep_goes_on(job, image, settings, caplog):
+    settings.RINGMASTER_ARTIFACT_RETENTION_DAYS = 7
+    now = timezone.now()
+    ended = {"state": State.SUCCEEDED, "finished_at": now - timedelta(days=8)}
+    Job.objects.filter(pk=job.pk).update(**ended)
+    other = make_job(job.owner, image, **ended)
+    Job.objects.filter(pk=other.pk).update(created_at=job.created_at - timedelta(hours=1))    # after it in the sweep
+    stuck = write(output_of(job), "sub/stuck.bin", b"immutable")
+    write(output_of(other), "old.bin", b"old!")
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (CAP_LINUX_IMMUTABLE on a file system that has it)")
+    try:
+        assert job_artifacts.expire(now) == 1
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    job.refresh_from_db()
+    other.refresh_from_db()
+    assert job.artifacts_deleted_at is None and stuck.exists()        # tried again next pass
+    assert f"job {job.pk}: its artifacts could not be deleted" in caplog.text
+    assert other.artifacts_deleted_at == now and not backends.of(other).artifacts_root(other).exists()
+
+
+@pytest.mark.skipif(not sshd.available(), reason="needs Debian's openssh-server (/usr/sbin/sshd)")
+def test_an_instances_deep_output_folder_is_brought_back_within_the_limits_saying_what_was_not(tmp_path):
+    """Over SFTP from a real sshd on loopback (the instance's folder is on this machine); the
+    remote walk is the local one's loop, so a few folders past the limit show it."""
+    key = sshd.keygen(tmp_path / "user_key")
+    port = sshd.free_port_on(["127.0.0.8"])
+    server = sshd.Sshd(tmp_path, "127.0.0.8", port, f"{key}.pub").start()
+    try:
+        host = Host(name="deep", address="127.0.0.8", port=port, user="root", private_key=key.read_text(),
+                    work_dir=str(tmp_path / "work"))
+        spec = JobSpec(job_id=9, gpus=1, python="python", script_name="t.py", script_content="", script_path=None)
+        remote = Path(host.job_dir(spec)) / artifacts.OUTPUT_DIR
+        remote.mkdir(parents=True)
+        nest(remote, WITHIN + 3, {0: ("top.txt", b"top"), WITHIN: ("within.bin", b"w" * 1000),
+                                  WITHIN + 1: ("below.bin", b"b" * 7), WITHIN + 3: ("bottom.bin", b"x" * 11)})
+        target = tmp_path / "brought"
+        kept, note = SSHRunner([host], connect_timeout=10).fetch_artifacts(spec, target, None)
+    finally:
+        server.stop()
+    assert kept == 1003
+    assert [a.name for a in artifacts.listing(target)] == ["d/" * WITHIN + "within.bin", "top.txt"]
+    assert note == f"not brought back: {artifacts.too_deep()}: {'d/' * (WITHIN + 1)}"

@@ -19,7 +19,6 @@ What it owns besides: a periodic health check that beat runs only while it is en
 where its package is a Django app (an apps.py or a models.py beside it), its models, migrations
 and admin, installed only while it is enabled (portal.settings.backend_apps).
 """
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -348,10 +347,11 @@ class Backend:
         return kept, ""
 
     def delete_artifacts(self, job):
-        """Delete what artifacts_root holds of `job` (retention)."""
+        """Delete what artifacts_root holds of `job` (retention); an OSError where something
+        cannot be deleted."""
         root = self.artifacts_root(job)
         if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+            artifacts.remove_tree(root)
 
     # --- the capacity page -----------------------------------------------------------------------
     def capacity_table(self):

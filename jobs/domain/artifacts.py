@@ -5,7 +5,9 @@ folder, the portal's storage for what was brought back from an instance, none on
 reading them never follows a link out of that folder (runners.artifacts). They count against
 their owner's storage quota (Quota.storage_gb on the user's all-backends row): a bring-back
 stops where the quota would be passed, and says so on the job (Job.artifacts_note). Beat deletes
-those of jobs that ended more than RINGMASTER_ARTIFACT_RETENTION_DAYS ago.
+those of jobs that ended more than RINGMASTER_ARTIFACT_RETENTION_DAYS ago. A folder is walked
+within runners.artifacts' limits (MAX_DEPTH, MAX_ENTRIES): what lies beyond is listed as skipped,
+not counted and not archived, and deleted all the same.
 """
 import logging
 from datetime import timedelta
@@ -52,9 +54,11 @@ def fetches(job):
         return False
 
 
-def listing(job):
+def walk(job):
+    """The files of `job`'s artifacts within the walk's limits, and the folders left out
+    (runners.artifacts.Tree)."""
     folder = root(job)
-    return artifacts.listing(folder) if folder is not None else []
+    return artifacts.walk(folder) if folder is not None else artifacts.Tree([], [])
 
 
 def open_file(job, name):
@@ -117,7 +121,8 @@ def collect(job):
 
 def expire(now=None):
     """Delete the artifacts of jobs that ended more than the retention period ago; returns how
-    many jobs' artifacts were deleted."""
+    many jobs' artifacts were deleted. A job whose files cannot be deleted is logged and left
+    for the next pass; the others are deleted all the same."""
     now = now or timezone.now()
     before = now - timedelta(days=settings.RINGMASTER_ARTIFACT_RETENTION_DAYS)
     done = 0
@@ -125,6 +130,10 @@ def expire(now=None):
         try:
             backends.of(job).delete_artifacts(job)
         except backends.UnknownBackend:
+            continue
+        except Exception as exc:    # an OSError is said in one line; anything else with its traceback
+            log.warning("job %s: its artifacts could not be deleted (retention tries again next pass): %s",
+                        job.pk, exc, exc_info=not isinstance(exc, OSError))
             continue
         Job.objects.filter(pk=job.pk).update(artifacts_deleted_at=now, artifacts_bytes=0)
         done += 1

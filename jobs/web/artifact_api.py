@@ -18,6 +18,12 @@ class ArtifactSerializer(serializers.Serializer):
     name = serializers.CharField(help_text="The path relative to the output folder, '/' between folders.")
     size = serializers.IntegerField(help_text="Bytes.")
     modified = serializers.FloatField(help_text="Last written, in seconds since the epoch.")
+    skipped = serializers.CharField(
+        required=False,
+        help_text="Only on an entry that is no file: a folder (its name ends in '/'; '' is the output folder "
+                  "itself) whose contents were left out of the list, the archive and the storage count, and "
+                  "why (deeper than the walk goes, past the number of names it looks at, unreadable). Its "
+                  "size is 0. These entries come after the files.")
 
 
 def archive_response(job):
@@ -39,8 +45,8 @@ def file_response(job, name):
 class ArtifactList(APIView):
     @extend_schema(responses={200: ArtifactSerializer(many=True), **REFUSED, 404: DetailSerializer})
     def get(self, request, job_id):
-        job = get_job(request, job_id)
-        return Response([artifact.as_dict() for artifact in artifacts.listing(job)])
+        tree = artifacts.walk(get_job(request, job_id))
+        return Response([entry.as_dict() for entry in [*tree.files, *tree.skipped]])
 
 
 class ArtifactFile(APIView):

@@ -52,6 +52,7 @@ def job_detail(request, job_id):
 
 def _job_page(request, job, notes_form, status=200):
     backend = _backend_of(job)
+    tree = artifacts.walk(job)
     return render(request, "jobs/job_detail.html", {
         "job": job,
         "parent": visible_jobs(request.user).filter(pk=job.parent_id).first() if job.parent_id else None,
@@ -66,7 +67,8 @@ def _job_page(request, job, notes_form, status=200):
         "size_history": [[event.ts.isoformat(), event.gpus] for event in job.events.all() if event.gpus is not None],
         "notes_form": notes_form,
         "project_files": projects.job_files(job) if job.project_id else [],
-        "artifacts": artifacts.listing(job)[:MAX_ARTIFACTS_SHOWN + 1],
+        "artifacts": tree.files[:MAX_ARTIFACTS_SHOWN + 1],
+        "artifacts_skipped": tree.skipped,
         "max_artifacts_shown": MAX_ARTIFACTS_SHOWN,
         "artifacts_note": artifacts.note(job),
         "fetches_artifacts": artifacts.fetches(job) and not job.is_terminal,
