@@ -45,6 +45,10 @@ class JobSpec:
     # artifacts, the checkpoint's name in it); the runner puts that file in the job's folder and
     # names it in RINGMASTER_CHECKPOINT (runners.artifacts).
     checkpoint: tuple[str, str] | None = None
+    # What the kernel lets the job use (runners.limits): its processes and threads together, and
+    # its memory in MiB, on each host; None: no limit.
+    max_processes: int | None = None
+    memory_mib: int | None = None
 
     @property
     def checkpoint_file(self):
@@ -244,6 +248,9 @@ class Exited:
     code: int | None      # None: the launcher vanished without reporting an exit code
     detail: str = ""
     cause: str = ""       # what the backend saw that explains a failure (an OOMKilled or evicted pod)
+    # The job's limits that the kernel held with rlimits, where no cgroup counted what the job hit:
+    # ((runners.limits.PROCESSES or MEMORY, the limit), ...); the job's lines tell (printed_hit).
+    rlimits: tuple[tuple[str, int], ...] = ()
 
 
 def waited(events):
