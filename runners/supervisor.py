@@ -144,6 +144,34 @@ def own_cgroups():
     return own
 
 
+# Where cgroup v2 gives the jobs' cgroups a parent at its root (see Limits.make).
+JOBS_CGROUP = "ringmaster-jobs"
+
+
+def controllers(folder):
+    """The cgroup v2 controllers a cgroup folder may enable for its children."""
+    try:
+        with open(os.path.join(folder, "cgroup.controllers")) as found:
+            return set(found.read().split())
+    except OSError:
+        return set()
+
+
+def delegate(parent, root, controller):
+    """Enable `controller` for the children of the cgroup v2 folder `parent`, and on the way down to
+    it from `root` (OSError where that is refused)."""
+    path = os.path.relpath(parent, root)
+    folders = [root] + [os.path.join(root, *path.split(os.sep)[:depth + 1])
+                        for depth in range(len(path.split(os.sep))) if path != "."]
+    for folder in folders:
+        if controller not in controllers(folder):
+            raise OSError(f"{controller} is not available in {folder}")
+        with open(os.path.join(folder, "cgroup.subtree_control")) as enabled:
+            if controller in enabled.read().split():
+                continue
+        write(os.path.join(folder, "cgroup.subtree_control"), f"+{controller}")
+
+
 def read_counts(path):
     """{"key": count} of a flat keyed cgroup file (pids.events, memory.events, memory.oom_control)."""
     try:
@@ -170,31 +198,30 @@ class Limits:
             own = own_cgroups()
         except OSError:
             return
-        enabled = set()
-        if unified is not None:
-            try:
-                with open(os.path.join(unified, own.get("", "/").lstrip("/"), "cgroup.controllers")) as found:
-                    enabled = set(found.read().split())
-            except OSError:
-                pass
         for controller, value in self.wanted.items():
             if not value:
                 continue
-            if controller in enabled:
-                parent, version = os.path.join(unified, own.get("", "/").lstrip("/")), "v2"
+            parents = []
+            if unified is not None and controller in controllers(unified):
+                # Under this process's own cgroup where it may enable the controller for its
+                # children (cgroup v2 allows that only to a cgroup with no process of its own, or
+                # the root), else under a cgroup of Ringmaster's jobs at the root.
+                parents = [(os.path.join(unified, own.get("", "/").lstrip("/")), "v2"),
+                           (os.path.join(unified, JOBS_CGROUP), "v2")]
             elif controller in v1:
-                parent, version = os.path.join(v1[controller], own.get(controller, "/").lstrip("/")), "v1"
-            else:
-                continue
-            folder = os.path.join(parent, f"ringmaster-{self.name}")
-            try:
-                if version == "v2":
-                    write(os.path.join(parent, "cgroup.subtree_control"), f"+{controller}")
-                os.makedirs(folder, exist_ok=True)
-                self._limit(folder, controller, version, value)
-            except OSError:
-                continue                           # not root, or not delegated: the rlimit instead
-            self.folders[controller] = (folder, version)
+                parents = [(os.path.join(v1[controller], own.get(controller, "/").lstrip("/")), "v1")]
+            for parent, version in parents:
+                folder = os.path.join(parent, f"ringmaster-{self.name}")
+                try:
+                    if version == "v2":
+                        os.makedirs(parent, exist_ok=True)
+                        delegate(parent, unified, controller)
+                    os.makedirs(folder, exist_ok=True)
+                    self._limit(folder, controller, version, value)
+                except OSError:
+                    continue                       # not root, or not delegated: the next, else the rlimit
+                self.folders[controller] = (folder, version)
+                break
 
     @staticmethod
     def _limit(folder, controller, version, value):
