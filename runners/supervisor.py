@@ -216,7 +216,9 @@ class Limits:
                     if version == "v2":
                         os.makedirs(parent, exist_ok=True)
                         delegate(parent, unified, controller)
-                    os.makedirs(folder, exist_ok=True)
+                    if os.path.isdir(folder):
+                        os.rmdir(folder)           # a launch cut short left it: its counts are not this one's
+                    os.makedirs(folder)
                     self._limit(folder, controller, version, value)
                 except OSError:
                     continue                       # not root, or not delegated: the next, else the rlimit
