@@ -18,8 +18,9 @@ and the job's output as stdout. It imports nothing but the standard library and 
 - The exit code is written as `FILE.tmp`, then renamed to FILE.
 - With --max-processes or --memory-mib, the job's limits (Limits): where this process may make a
   cgroup (root, a pids or memory controller mounted: cgroup v2 where the controller is enabled
-  there, else v1), the sandbox starts in a cgroup of its own under this process's, with pids.max
-  or the memory limit (swap included where the kernel counts it); else the kernel's rlimits:
+  there, else v1), the sandbox starts in a cgroup of its own under this process's (on cgroup v2,
+  where this one holds processes, under JOBS_CGROUP at the root), with pids.max or the memory
+  limit (swap included where the kernel counts it); else the kernel's rlimits:
   RLIMIT_NPROC (per uid: only with --own-uid, a job whose uid is its own) and RLIMIT_DATA (per
   process). Once the job has failed, --hit FILE says for runners.limits what it hit (the cgroup's
   pids.events "max", or its OOM kills), a line "processes N" or "memory MIB" each, and which
