@@ -17,7 +17,7 @@ from jobs.models import (
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
-    list_display = ["name", "enabled", "python", "container_image", "description"]
+    list_display = ["name", "enabled", "python", "container_image", "max_processes", "memory_mib", "description"]
     list_filter = ["enabled"]
     list_editable = ["enabled"]
     search_fields = ["name", "description", "container_image"]

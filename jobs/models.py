@@ -32,6 +32,14 @@ class Image(models.Model):
     launchers = models.CharField(
         max_length=100, default=launchers.DEFAULT,
         help_text="The launchers the image carries, comma-separated: " + ", ".join(launchers.LAUNCHERS) + ".")
+    max_processes = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The most processes and threads a job of this image may have on each host (blank: the "
+                  "site's default, RINGMASTER_JOB_MAX_PROCESSES; 0: no limit).")
+    memory_mib = models.PositiveIntegerField(
+        "memory (MiB)", null=True, blank=True,
+        help_text="The most memory a job of this image may use on each host, in MiB (blank: the site's "
+                  "default, RINGMASTER_JOB_MEMORY_MIB; 0: no limit).")
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -39,6 +47,13 @@ class Image(models.Model):
 
     def __str__(self):
         return self.name
+
+    def job_limits(self):
+        """(max processes, memory in MiB) of this image's jobs on each host: its own, else the
+        site's; None where there is no limit."""
+        processes = settings.RINGMASTER_JOB_MAX_PROCESSES if self.max_processes is None else self.max_processes
+        memory = settings.RINGMASTER_JOB_MEMORY_MIB if self.memory_mib is None else self.memory_mib
+        return processes or None, memory or None
 
     def launcher_names(self):
         """The launchers this image carries, in the order given."""

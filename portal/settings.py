@@ -277,6 +277,13 @@ RINGMASTER_LOCAL_SANDBOX = os.environ.get("RINGMASTER_LOCAL_SANDBOX", "auto")
 # addresses; the default where the portal runs as root, which it needs), "host" (the machine's
 # network, the portal's services included: a warning).
 RINGMASTER_JOB_NETWORK = os.environ.get("RINGMASTER_JOB_NETWORK", "outbound" if os.geteuid() == 0 else "none")
+# What the kernel lets one job use on each of its hosts (runners.limits), unless its image says
+# otherwise: its processes and threads together (a fork bomb stops there; 4096 is far above what
+# a training job's ranks, data loader workers and their threads reach), and its memory in MiB
+# (unset: none; the memory a job needs differs too much from one kind of job to the next for one
+# number to fit all, so a site sets it, or its images do). 0: no limit.
+RINGMASTER_JOB_MAX_PROCESSES = int(os.environ.get("RINGMASTER_JOB_MAX_PROCESSES") or 4096) or None
+RINGMASTER_JOB_MEMORY_MIB = int(os.environ.get("RINGMASTER_JOB_MEMORY_MIB") or 0) or None
 # A follower that has not reported for this long is presumed dead; reconcile re-attaches.
 RINGMASTER_FOLLOWER_STALE_SECONDS = int(os.environ.get("RINGMASTER_FOLLOWER_STALE_SECONDS", "20"))
 # Threads of a worker process's follow hub that run what followed jobs' news asks (storing lines,

@@ -48,6 +48,10 @@ class JobSpec:
     # A project (runners.projects.pack's archive) laid out in the job's folder, whose entry point
     # `script_name` is; None: a script (script_content or script_path).
     project: bytes | None = None
+    # What the kernel lets the job use (runners.limits): its processes and threads together, and
+    # its memory in MiB, on each host; None: no limit.
+    max_processes: int | None = None
+    memory_mib: int | None = None
 
     @property
     def checkpoint_file(self):
@@ -247,6 +251,9 @@ class Exited:
     code: int | None      # None: the launcher vanished without reporting an exit code
     detail: str = ""
     cause: str = ""       # what the backend saw that explains a failure (an OOMKilled or evicted pod)
+    # The job's limits that the kernel held with rlimits, where no cgroup counted what the job hit:
+    # ((runners.limits.PROCESSES or MEMORY, the limit), ...); the job's lines tell (printed_hit).
+    rlimits: tuple[tuple[str, int], ...] = ()
 
 
 def waited(events):

@@ -33,7 +33,7 @@ import psutil
 from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
-from . import artifacts, gpus, launchers, projects, telemetry
+from . import artifacts, gpus, launchers, limits, projects, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOST_NAME_VAR, HOSTS_FILE,
                    JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting)
 from .sandbox import job_uid
@@ -209,6 +209,7 @@ class LocalRunner(Runner):
             self._prepare(spec, directory, files)
             supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(control.resolve() / "exit_code")]
             with self._user(directory) as uid, open(control / "output.log", "ab") as output:
+                supervise += limits.supervisor_options(spec, uid is not None, control.resolve() / limits.HIT_FILE)
                 if self.sandbox:
                     supervise += [*self.sandbox.supervise(), "--",
                                   *self.sandbox.argv(directory, keep=self._needs(spec), uid=uid)]
@@ -285,7 +286,8 @@ class LocalRunner(Runner):
                 if code is None:
                     yield Exited(None, f"{program} stopped without reporting an exit code")
                 else:
-                    yield Exited(code, f"{program} exited with code {code}")
+                    hit, rlimits = limits.reported(directory / limits.HIT_FILE)
+                    yield Exited(code, f"{program} exited with code {code}", cause=hit, rlimits=rlimits)
                 return
 
     def _marker(self, spec):

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import kueue
 from .artifacts import CHECKPOINT_VAR, OUTPUT_DIR_VAR
 from .base import BLACKLIST_COOLDOWN
+from .limits import pod_memory
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -265,8 +266,8 @@ def new_launcher_template(spec, cluster, np):
         "command": launcher_command(spec, cluster, np),
         "env": forwarded_env(spec, cluster),
         "resources": {
-            "requests": {"cpu": _quantity(cluster.launcher_cpu), "memory": f"{cluster.launcher_memory_gib}Gi"},
-            "limits": {"memory": f"{cluster.launcher_memory_gib}Gi"},
+            "requests": {"cpu": _quantity(cluster.launcher_cpu), "memory": pod_memory(spec, cluster.launcher_memory_gib)},
+            "limits": {"memory": pod_memory(spec, cluster.launcher_memory_gib)},
         },
         "securityContext": _security_context(LAUNCHER_CAPABILITIES),
     }
@@ -283,7 +284,7 @@ def new_worker_template(spec, cluster, slots):
     volumes, mounts = _script_volume(spec)
     more_volumes, more_mounts, _ = artifacts_volume(spec, cluster)      # the ranks run here
     volumes, mounts = volumes + more_volumes, mounts + more_mounts
-    memory = f"{cluster.memory_per_gpu_gib * slots}Gi"
+    memory = pod_memory(spec, cluster.memory_per_gpu_gib * slots)
     container = {
         "name": WORKER,
         "image": spec.container_image,

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import paramiko
 
-from . import gpus, launchers, telemetry
+from . import gpus, launchers, limits, telemetry
 from .artifacts import (CHECKPOINT_DIR, CHECKPOINT_VAR, MAX_DEPTH, MAX_ENTRIES, OUTPUT_DIR, OUTPUT_DIR_VAR,
                         Skipped, open_artifact, too_deep, too_many)
 from .sandbox import UID_BASE, UID_SPAN
@@ -76,6 +76,7 @@ MIN_FREE_KB = 10 * 1024
 COPY_BYTES_PER_SECOND = 20e6  # the slowest disk an instance's copy of a checkpoint is given time for
 CONTROL = ".portal"          # <work_dir>/.portal/<job>/: the control folders (a job's name never starts with a dot)
 RANK_WRAPPER = "run-rank"
+LIMITS_FILE = "prlimit"     # in the control folder: prlimit's options for each rank (runners.limits)
 CHECKPOINT_NAME = "checkpoint-name"   # in the control folder: the rerun's checkpoint, once in the job's folder
 NO_HOST_KEY = object()
 
@@ -242,8 +243,11 @@ at_control() {
 # Run "$@" as the job's uid where its control folder ($c) names one, else as this account. Only
 # root changes uid: an account that is not root does it through `sudo -n` (-E keeps the rank's
 # Horovod variables). `box`: under bubblewrap where it is installed (a private /tmp and SysV IPC;
-# the network, the GPUs and /dev/shm stay the host's, which Gloo and NCCL need). `run=exec`:
-# the command replaces this shell.
+# the network, the GPUs and /dev/shm stay the host's, which Gloo and NCCL need). `limited`:
+# under the job's rlimits where the control folder holds them (LIMITS_FILE: prlimit's options,
+# runners.limits) and prlimit is there; RLIMIT_NPROC counts per uid, so only for a uid of the
+# job's own; `limited` in the control folder then says so (STATUS). `run=exec`: the command
+# replaces this shell.
 AS_JOB = r"""
 as_job() {
     if [ -s "$c/uid" ]; then
@@ -259,6 +263,10 @@ as_job() {
                 esac
             done < "$c/keep"
             set -- bwrap --dev-bind / / --perms 01777 --tmpfs /tmp "$@"
+        fi
+        if [ -n "$limited" ] && [ -s "$c/""" + LIMITS_FILE + r"""" ] && command -v prlimit >/dev/null 2>&1; then
+            set -- prlimit $(cat "$c/""" + LIMITS_FILE + r"""") -- "$@"
+            : > "$c/limited"
         fi
         [ "$(id -u)" = 0 ] || set -- sudo -n -E -- "$@"
     fi
@@ -363,7 +371,7 @@ exit 0
 # RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder.
 RANK_WRAPPER_TEXT = "#!/bin/sh\n" + AT_CONTROL + AS_JOB + r"""
 at_control . || exit 3
-box=1 run=exec
+box=1 limited=1 run=exec
 if [ -s "$c/""" + CHECKPOINT_NAME + r"""" ]; then
     name=$(cat "$c/""" + CHECKPOINT_NAME + r""""; echo x)
     """ + CHECKPOINT_VAR + r"""=$job/""" + CHECKPOINT_DIR + r"""/${name%x}; export """ + CHECKPOINT_VAR + r"""
@@ -416,7 +424,8 @@ exec tail -c +"$2" output.log
 # Is the launcher alive? $1 control folder. Prints exit code if written, else alive/gone.
 STATUS = r"""
 cd -- "$1" 2>/dev/null || { echo missing; exit 0; }
-if [ -f exit_code ]; then echo "exit $(cat exit_code)"; exit 0; fi
+limited=; [ -f limited ] && limited=1
+if [ -f exit_code ]; then echo "exit $(cat exit_code)${limited:+ limited}"; exit 0; fi
 if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then echo alive; else echo gone; fi
 """
 # The words after $1 (a control folder) as root where the job has a uid of its own and this
@@ -859,7 +868,10 @@ class SSHRunner(Runner):
             files[spec.script_name] = spec.script_content.encode()
         name, content = spec.argv_file()
         files[name] = content
-        self._write(host, spec, {RANK_WRAPPER: RANK_WRAPPER_TEXT.encode()}, control=True)
+        control = {RANK_WRAPPER: RANK_WRAPPER_TEXT.encode()}
+        if limits.prlimit_argv(spec):
+            control[LIMITS_FILE] = " ".join(limits.prlimit_argv(spec)).encode()
+        self._write(host, spec, control, control=True)
         self._write(host, spec, files)
         return out.strip().splitlines()[-1] if out.strip() else ""
 
@@ -1000,7 +1012,8 @@ class SSHRunner(Runner):
                         continue
                     if status.startswith("exit "):
                         code = int(status.split()[1])
-                        yield Exited(code, f"{launchers.of(spec.launcher).PROGRAM} exited with code {code}")
+                        yield Exited(code, f"{launchers.of(spec.launcher).PROGRAM} exited with code {code}",
+                                     rlimits=limits.held(spec) if status.endswith(" limited") else ())
                     else:
                         yield Exited(None, f"{launchers.of(spec.launcher).PROGRAM} stopped on {host.name} "
                                            f"without reporting an exit code")

@@ -19,11 +19,22 @@ It imports nothing but the standard library and never prints.
   (the job has no capability to change the routes).
 - pasta outlives the namespace it serves: it is this process's child and ends with the job.
 - The exit code is written as `FILE.tmp`, then renamed to FILE.
+- With --max-processes or --memory-mib, the job's limits (Limits): where this process may make a
+  cgroup (root, a pids or memory controller mounted: cgroup v2 where the controller is enabled
+  there, else v1), the sandbox starts in a cgroup of its own under this process's (on cgroup v2,
+  where this one holds processes, under JOBS_CGROUP at the root), with pids.max or the memory
+  limit (swap included where the kernel counts it); else the kernel's rlimits:
+  RLIMIT_NPROC (per uid: only with --own-uid, a job whose uid is its own) and RLIMIT_DATA (per
+  process). Once the job has failed, --hit FILE says for runners.limits what it hit (the cgroup's
+  pids.events "max", or its OOM kills), a line "processes N" or "memory MIB" each, and which
+  limits rlimits held, "rlimit processes N" or "rlimit memory MIB" (the job's lines tell whether
+  it ran into them).
 """
 import argparse
 import ipaddress
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -116,15 +127,191 @@ def connect(pid, pasta):
     return process
 
 
-def run(argv, pasta=None):
-    """Run bubblewrap's `argv`; with `pasta`, connected to the outside first. Its exit code."""
+def cgroup_mounts():
+    """(the cgroup2 mount point or None, {v1 controller: its mount point}), from mountinfo."""
+    unified, v1 = None, {}
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            left, _, right = line.partition(" - ")
+            where, (kind, _source, options) = left.split()[4], right.split()[:3]
+            if kind == "cgroup2":
+                unified = where
+            elif kind == "cgroup":
+                for option in options.split(","):
+                    v1.setdefault(option, where)
+    return unified, v1
+
+
+def own_cgroups():
+    """{controller: this process's cgroup path}; "" for its cgroup v2 one."""
+    own = {}
+    with open("/proc/self/cgroup") as groups:
+        for line in groups:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+    return own
+
+
+# Where cgroup v2 gives the jobs' cgroups a parent at its root (see Limits.make).
+JOBS_CGROUP = "ringmaster-jobs"
+
+
+def controllers(folder):
+    """The cgroup v2 controllers a cgroup folder may enable for its children."""
+    try:
+        with open(os.path.join(folder, "cgroup.controllers")) as found:
+            return set(found.read().split())
+    except OSError:
+        return set()
+
+
+def delegate(parent, root, controller):
+    """Enable `controller` for the children of the cgroup v2 folder `parent`, and on the way down to
+    it from `root` (OSError where that is refused)."""
+    path = os.path.relpath(parent, root)
+    folders = [root] + [os.path.join(root, *path.split(os.sep)[:depth + 1])
+                        for depth in range(len(path.split(os.sep))) if path != "."]
+    for folder in folders:
+        if controller not in controllers(folder):
+            raise OSError(f"{controller} is not available in {folder}")
+        with open(os.path.join(folder, "cgroup.subtree_control")) as enabled:
+            if controller in enabled.read().split():
+                continue
+        write(os.path.join(folder, "cgroup.subtree_control"), f"+{controller}")
+
+
+def read_counts(path):
+    """{"key": count} of a flat keyed cgroup file (pids.events, memory.events, memory.oom_control)."""
+    try:
+        with open(path) as counts:
+            return {key: int(value) for key, value in (line.split() for line in counts if len(line.split()) == 2)}
+    except (OSError, ValueError):
+        return {}
+
+
+class Limits:
+    """The job's pids and memory limits: a cgroup per controller where one can be made, else rlimits."""
+
+    def __init__(self, name, max_processes=None, memory_mib=None, own_uid=False):
+        self.name, self.own_uid = name, own_uid
+        self.wanted = {"pids": max_processes, "memory": memory_mib}
+        self.folders = {}                          # controller -> (the job's cgroup folder, "v1" or "v2")
+
+    def make(self):
+        """Make the job's cgroups (as many as this machine allows; the rest fall back to rlimits)."""
+        if not any(self.wanted.values()):
+            return
+        try:
+            unified, v1 = cgroup_mounts()
+            own = own_cgroups()
+        except OSError:
+            return
+        for controller, value in self.wanted.items():
+            if not value:
+                continue
+            parents = []
+            if unified is not None and controller in controllers(unified):
+                # Under this process's own cgroup where it may enable the controller for its
+                # children (cgroup v2 allows that only to a cgroup with no process of its own, or
+                # the root), else under a cgroup of Ringmaster's jobs at the root.
+                parents = [(os.path.join(unified, own.get("", "/").lstrip("/")), "v2"),
+                           (os.path.join(unified, JOBS_CGROUP), "v2")]
+            elif controller in v1:
+                parents = [(os.path.join(v1[controller], own.get(controller, "/").lstrip("/")), "v1")]
+            for parent, version in parents:
+                folder = os.path.join(parent, f"ringmaster-{self.name}")
+                try:
+                    if version == "v2":
+                        os.makedirs(parent, exist_ok=True)
+                        delegate(parent, unified, controller)
+                    if os.path.isdir(folder):
+                        os.rmdir(folder)           # a launch cut short left it: its counts are not this one's
+                    os.makedirs(folder)
+                    self._limit(folder, controller, version, value)
+                except OSError:
+                    continue                       # not root, or not delegated: the next, else the rlimit
+                self.folders[controller] = (folder, version)
+                break
+
+    @staticmethod
+    def _limit(folder, controller, version, value):
+        if controller == "pids":
+            write(os.path.join(folder, "pids.max"), str(value))
+            return
+        size = str(value << 20)
+        write(os.path.join(folder, "memory.max" if version == "v2" else "memory.limit_in_bytes"), size)
+        # Swap counts too where the kernel accounts it (else a job would swap past its limit).
+        try:
+            if version == "v2":
+                write(os.path.join(folder, "memory.swap.max"), "0")
+            else:
+                write(os.path.join(folder, "memory.memsw.limit_in_bytes"), size)
+        except OSError:
+            pass
+
+    def enter(self):
+        """In the sandbox's process before it starts (preexec_fn): into the job's cgroups, and the
+        rlimits of what has none."""
+        for folder, _ in dict.fromkeys(self.folders.values()):
+            write(os.path.join(folder, "cgroup.procs"), str(os.getpid()))
+        for kind, limit in self.rlimits():
+            if kind == "processes":
+                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+            else:
+                resource.setrlimit(resource.RLIMIT_DATA, (limit << 20, limit << 20))
+
+    def rlimits(self):
+        """[(kind, limit)] held by rlimits (enter)."""
+        processes, memory = self.wanted["pids"], self.wanted["memory"]
+        return ([("processes", processes)] if processes and "pids" not in self.folders and self.own_uid else []) + \
+            ([("memory", memory)] if memory and "memory" not in self.folders else [])
+
+    def hit(self):
+        """[(kind, limit)] the job ran into: the processes it could not fork, its OOM kills."""
+        found = []
+        if "pids" in self.folders and read_counts(os.path.join(self.folders["pids"][0], "pids.events")).get("max"):
+            found.append(("processes", self.wanted["pids"]))
+        if "memory" in self.folders:
+            folder, version = self.folders["memory"]
+            events = "memory.events" if version == "v2" else "memory.oom_control"
+            if read_counts(os.path.join(folder, events)).get("oom_kill"):
+                found.append(("memory", self.wanted["memory"]))
+        return found
+
+    def remove(self):
+        """Remove the job's cgroups once its last process is gone (the sandbox's PID namespace
+        ends with its first process; the kernel lets a cgroup go a moment after its last task)."""
+        deadline = time.monotonic() + SETUP_SECONDS
+        for folder, _ in dict.fromkeys(self.folders.values()):
+            while True:
+                try:
+                    os.rmdir(folder)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+
+
+def write(path, text):
+    with open(path, "w") as out:
+        out.write(text)
+
+
+def run(argv, pasta=None, limits=None):
+    """Run bubblewrap's `argv`; with `pasta`, connected to the outside first; within `limits`
+    (Limits). Its exit code."""
+    enter = limits.enter if limits is not None else None
     if pasta is None:
-        return subprocess.run(argv).returncode
+        return subprocess.run(argv, preexec_fn=enter).returncode
     info_read, info_write = os.pipe()
     block_read, block_write = os.pipe()
     separator = argv.index("--")
     argv = [*argv[:separator], "--info-fd", str(info_write), "--block-fd", str(block_read), *argv[separator:]]
-    job = subprocess.Popen(argv, pass_fds=(info_write, block_read))
+    job = subprocess.Popen(argv, pass_fds=(info_write, block_read), preexec_fn=enter)
     os.close(info_write)
     os.close(block_read)
     network, sandbox = None, None
@@ -159,6 +346,11 @@ def main():
     parser.add_argument("--outbound", metavar="PASTA")
     parser.add_argument("--nsenter", default=TOOLS["nsenter"])
     parser.add_argument("--ip", default=TOOLS["ip"])
+    parser.add_argument("--cgroup", default=str(os.getpid()), help="the job's cgroups' name")
+    parser.add_argument("--max-processes", type=int)
+    parser.add_argument("--memory-mib", type=int)
+    parser.add_argument("--own-uid", action="store_true")
+    parser.add_argument("--hit", metavar="FILE")
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     options = parser.parse_args()
     argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
@@ -167,8 +359,18 @@ def main():
     # sandbox, to end pasta and record the exit code. (A handler, not SIG_IGN, which the sandbox
     # would inherit.)
     signal.signal(signal.SIGTERM, lambda *_: None)
-    code = run(argv, options.outbound)
+    limits = Limits(options.cgroup, options.max_processes, options.memory_mib, options.own_uid)
+    limits.make()
+    try:
+        code = run(argv, options.outbound, limits)
+    finally:
+        said = [f"{kind} {limit}\n" for kind, limit in limits.hit()] + \
+            [f"rlimit {kind} {limit}\n" for kind, limit in limits.rlimits()]
+        limits.remove()
     code = code if code >= 0 else 128 - code
+    if code and said and options.hit:
+        with open(options.hit, "w") as out:
+            out.write("".join(said))
     with open(options.exit_code + ".tmp", "w") as out:
         out.write(f"{code}\n")
     os.rename(options.exit_code + ".tmp", options.exit_code)

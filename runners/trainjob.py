@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 from .launchers import torchrun
+from .limits import pod_memory
 from .mpijob import (_DNS_1035, MAX_CONFIGMAP_BYTES, SCRIPT_DIR, _labels, _quantity, _security_context,
                      artifacts_volume, crd_problems, crd_validator, split_gpus)
 
@@ -88,7 +89,7 @@ def new_trainer(spec, cluster):
     """spec.trainer: image, the command (into the work folder, then torchrun), env, the split
     and each node's GPUs (limits), CPU and memory."""
     nodes, per_node = node_split(spec, cluster)
-    memory = f"{cluster.memory_per_gpu_gib * per_node}Gi"
+    memory = pod_memory(spec, cluster.memory_per_gpu_gib * per_node)
     return {
         "image": spec.container_image,
         "command": list(CHANGE_DIR),

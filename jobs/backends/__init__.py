@@ -73,6 +73,7 @@ def job_spec(job):
     """The plain JobSpec a runner gets (runners never see the database)."""
     from jobs.installation import installation_id
 
+    max_processes, memory_mib = job.image.job_limits()
     return JobSpec(
         job_id=job.pk,
         gpus=job.gpus_in_use,
@@ -92,6 +93,8 @@ def job_spec(job):
                           job.allocations.order_by("position").values_list("gpu_indices", flat=True)),
         checkpoint=checkpoint_source(job),
         project=bytes(job.project.archive) if job.project_id else None,
+        max_processes=max_processes,
+        memory_mib=memory_mib,
     )
 
 

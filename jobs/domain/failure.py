@@ -2,13 +2,16 @@
 horovodrun reaped. When rank 1 raises, rank 0 then dies of HorovodInternalError ("Horovod has
 been shut down") and horovodrun may name process 0; the reason names rank 1 and its exception,
 and says what the others then did: `rank 1: RuntimeError: boom (rank 0 then stopped:
-HorovodInternalError)`. A rank killed by a signal (the OOM killer's SIGKILL) says so. Shared by
-every backend: it reads the stored, per-rank log."""
+HorovodInternalError)`. A rank killed by a signal (the OOM killer's SIGKILL) says so, and so does
+a job that ran into its limit of processes or memory (runners.limits): as the runner saw it (a
+cgroup's count), or as the job's own lines show it. Shared by every backend: it reads the
+stored, per-rank log."""
 from datetime import timedelta
 
 from jobs.domain import accounting
 from jobs.domain.logstore import last_lines
 from jobs.models import LogLine
+from runners.limits import printed_hit
 from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit
 
 LINES_AFTER_TRACEBACK = 400        # a traceback longer than this is read no further
@@ -32,6 +35,16 @@ def rank_errors(job):
     return errors
 
 
+def limit_hit(job, errors, rlimits):
+    """Words for a limit held by an rlimit that the job's lines show it ran into (a refused
+    allocation or fork: runners.limits.printed_hit), or ""."""
+    if not rlimits:
+        return ""
+    ranks = {rank for rank, _ in errors} | {job.failed_rank}
+    texts = [line for _, line in errors] + [text for rank in ranks for text in last_lines(job, rank=rank)]
+    return printed_hit(texts, rlimits)
+
+
 def _then(errors, cause_rank):
     others = [f"rank {rank} then stopped: {exception_name(line)}" for rank, line in errors if rank != cause_rank]
     if not others:
@@ -44,8 +57,9 @@ def _then(errors, cause_rank):
 def describe(job, exited):
     """The fields of a failed job: exit code, failing rank and reason (and what the backend saw
     that explains it, e.g. an OOMKilled pod)."""
-    cause = f" ({exited.cause})" if exited.cause else ""
     errors = rank_errors(job)
+    explained = exited.cause or limit_hit(job, errors, exited.rlimits)
+    cause = f" ({explained})" if explained else ""
     first = next(((rank, line) for rank, line in errors if not is_secondary(line)), None)
     code = job.exit_code if job.exit_code is not None else exited.code
     if first is not None:                           # a rank raised, and not because another one did

@@ -65,6 +65,16 @@ def test_gpus_are_limits_on_workers_only():
     assert "nvidia.com/gpu" not in str(launcher)
 
 
+def test_a_jobs_memory_limit_below_the_clusters_limits_and_requests_every_pod_of_it():
+    job = mpijob.new_mpijob(spec(memory_mib=512, max_processes=64), CLUSTER)
+    for kind in ("Worker", "Launcher"):
+        resources = containers(job, kind)[0]["resources"]
+        assert resources["limits"]["memory"] == resources["requests"]["memory"] == "512Mi"
+    # Above what the cluster gives a pod, the cluster's amount stays.
+    worker = containers(mpijob.new_mpijob(spec(memory_mib=10**6), CLUSTER), "Worker")[0]["resources"]
+    assert worker["limits"]["memory"] == "128Gi"
+
+
 def test_run_policy_is_set_explicitly_with_the_time_limit():
     job = mpijob.new_mpijob(spec(), mpijob.ClusterSpec(namespace="a", gpus_per_node=8, clean_pod_policy="All",
                                                         backoff_limit=2, ttl_seconds_after_finished=600))
@@ -137,11 +147,12 @@ def test_placement_kueue_and_priority():
        args=st.lists(st.text(max_size=20), max_size=4),
        env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(max_size=10), max_size=4),
        uploaded=st.booleans(), command=st.sampled_from(mpijob.MPIJOB_COMMANDS),
-       policy=st.sampled_from(mpijob.CLEAN_POD_POLICIES), kueue=st.sampled_from(["", "q"]))
+       policy=st.sampled_from(mpijob.CLEAN_POD_POLICIES), kueue=st.sampled_from(["", "q"]),
+       memory=st.sampled_from([None, 512, 10**6]))
 @settings(max_examples=150, deadline=None)
 def test_every_built_mpijob_passes_the_crd_schema_and_the_controllers_rules(
-        gpus, per_node, job_id, args, env, uploaded, command, policy, kueue):
-    job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env,
+        gpus, per_node, job_id, args, env, uploaded, command, policy, kueue, memory):
+    job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env, memory_mib=memory, max_processes=64,
                     script_content="x = 1\n" if uploaded else None, script_path=None if uploaded else "/t.py")
     cluster = mpijob.ClusterSpec(namespace="ns", gpus_per_node=per_node, mpijob_command=command,
                                  clean_pod_policy=policy, kueue_queue=kueue)

@@ -62,6 +62,13 @@ def test_the_nodes_run_the_rank_launcher_under_torchrun_in_the_job_folder_leavin
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ringmaster"
 
 
+def test_a_jobs_memory_limit_is_each_nodes_limit_and_request():
+    job, _ = trainjob.build(spec(memory_mib=3 * 1024, max_processes=64), CLUSTER)
+    resources = job["spec"]["trainer"]["resourcesPerNode"]
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "3072Mi"
+    assert trainjob.schema_problems(job) == []
+
+
 def test_a_kueue_cluster_gets_a_labelled_trainjob_on_its_runtime_which_kueue_suspends_not_the_portal():
     cluster = mpijob.ClusterSpec(namespace="a", gpus_per_node=8, kueue_queue="team", training_runtime="torch-nccl",
                                  node_selector={"gpu": "h100"})
@@ -91,12 +98,13 @@ def test_a_misspelt_field_is_named_by_the_strict_schema():
 @given(gpus=st.integers(1, 64), per_node=st.integers(1, 8), job_id=st.integers(1, 10**12),
        args=st.lists(st.text(max_size=20), max_size=4),
        env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(max_size=10), max_size=4),
-       uploaded=st.booleans(), kueue=st.sampled_from(["", "q"]), limit=st.sampled_from([None, 60]))
+       uploaded=st.booleans(), kueue=st.sampled_from(["", "q"]), limit=st.sampled_from([None, 60]),
+       memory=st.sampled_from([None, 512, 10**6]))
 @settings(max_examples=150, deadline=None)
 def test_every_built_trainjob_passes_the_crd_schema_and_trainers_rules(
-        gpus, per_node, job_id, args, env, uploaded, kueue, limit):
+        gpus, per_node, job_id, args, env, uploaded, kueue, limit, memory):
     env = {name: value for name, value in env.items() if name not in trainjob.RESERVED_ENV}
-    job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env, time_limit_seconds=limit,
+    job_spec = spec(gpus=gpus, job_id=job_id, args=tuple(args), env=env, time_limit_seconds=limit, memory_mib=memory,
                     script_content="x = 1\n" if uploaded else None, script_path=None if uploaded else "/t.py")
     cluster = mpijob.ClusterSpec(namespace="ns", gpus_per_node=per_node, kueue_queue=kueue)
     job, configmap = trainjob.build(job_spec, cluster)
