@@ -2,7 +2,8 @@
 where their notifications go (cli/notifications.py).
 
 A plain client of the REST API and the job websocket (contracts in DESIGN.md). It imports
-nothing of the portal and no Django, so it runs wherever `requests` and `websockets` are.
+nothing of the portal and no Django, so it runs wherever `requests`, `websockets` and `pathspec`
+(a folder's .gitignore rules, cli/pack.py) are.
 
 Configuration: RINGMASTER_URL and RINGMASTER_TOKEN, else `url` and `token` in the [ringmaster]
 section of $RINGMASTER_CONFIG (default ~/.config/ringmaster/config.ini). The environment wins.
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,13 +29,14 @@ import requests
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import connect
 
-from cli import notifications
+from cli import notifications, pack
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED"}
 PAGE_LINES = 1000
 HTTP_TIMEOUT = 30
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 5.0
+PACK_IN_MEMORY = 64 << 20    # a packed folder past this many bytes waits on disk for its upload
 GIVE_UP_AFTER = 300          # seconds without reaching the portal before `logs -f` stops trying
 TOKEN_HELP = ("Set RINGMASTER_TOKEN, or `token = <key>` in the [ringmaster] section of {path}. "
               "Make a key on the portal's Settings page (/settings/), or an admin runs "
@@ -60,6 +63,7 @@ class FieldErrors(CliError):
     """A 400 answer: {"field": ["message", ...]}."""
 
     def __init__(self, errors):
+        self.errors = errors
         lines = []
         for field, messages in (errors.items() if isinstance(errors, dict) else [("", errors)]):
             for message in messages if isinstance(messages, list) else [messages]:
@@ -302,10 +306,15 @@ def cmd_submit(client, args):
     body = {"image": args.image, "gpus": args.gpus, "args": args.script_args}
     if args.script and args.script_path:
         raise CliError("give a local script or --script-path, not both", code=2)
+    if args.entry is not None and not (args.script and Path(args.script).is_dir()):
+        raise CliError("--entry goes with a folder: `ringmaster submit ./my-project --entry train.py`", code=2)
     if args.script_path:
         body["script_path"] = args.script_path
     elif not args.script:
-        raise CliError("give the script to run: a local file, or --script-path <path inside the image>", code=2)
+        raise CliError("give the script to run: a local file or folder, or --script-path <path inside the image>",
+                       code=2)
+    elif Path(args.script).is_dir():
+        body.update(_upload_folder(client, Path(args.script), args.entry))
     else:
         path = Path(args.script)
         if not path.is_file():
@@ -331,6 +340,39 @@ def cmd_submit(client, args):
     else:
         print(f"job {job['id']} submitted ({job['state']}): {job.get('url', '')}", flush=True)
     return LogFollower(client, job["id"]).run() if args.follow else 0
+
+
+def _upload_folder(client, folder, entry):
+    """Pack the folder (cli/pack.py), say what is left out and what is sent, upload it as a
+    project: {"project": id, "entry_point": path} for the job."""
+    if entry is None:
+        raise CliError(f"{folder} is a folder: name the .py file the job starts with --entry "
+                       "(relative to the folder, e.g. --entry train.py)", code=2)
+    try:
+        selection = pack.select(folder)
+        entry_point = pack.entry_point(selection, entry)
+        with tempfile.SpooledTemporaryFile(max_size=PACK_IN_MEMORY) as archive:
+            pack.write_tar_gz(selection, archive)
+            for line in pack.summary(selection):
+                warn(line)
+            warn(f"sending {len(selection.files):,} file{'s' if len(selection.files) != 1 else ''}, "
+                 f"{pack.human_size(selection.size)} (packed: {pack.human_size(archive.tell())}) from {folder}")
+            archive.seek(0)
+            try:
+                project = client.request("POST", "/api/projects/", expect=(201,),
+                                         files={"file": (f"{pack.TOP}.tar.gz", archive, "application/gzip")})
+            except FieldErrors as refused:           # over the portal's limits: its own words
+                raise CliError(f"the portal refused the packed folder: {_messages(refused.errors)}", code=2) from None
+    except pack.PackError as exc:
+        raise CliError(str(exc), code=2) from None
+    warn(f"project {project['id']}: sha256 {project['sha256']}")
+    return {"project": project["id"], "entry_point": entry_point}
+
+
+def _messages(errors):
+    """The messages of a 400's field errors, in one line."""
+    values = errors.values() if isinstance(errors, dict) else [errors]
+    return " ".join(str(message) for value in values for message in (value if isinstance(value, list) else [value]))
 
 
 def _checked_backend_options(client, backend, options):
@@ -505,12 +547,16 @@ def build_parser():
 
     submit = commands.add_parser(
         "submit", help="submit a job", usage="ringmaster submit --image I --gpus N [options] "
-        "(script.py | --script-path P) [-- args...]",
-        description="Upload a script and submit a job. Everything after `--` goes to the script.",
+        "(script.py | folder --entry E | --script-path P) [-- args...]",
+        description="Upload a script, or a folder as a project, and submit a job. Everything after `--` goes "
+                    "to the script. A folder is packed without .git/, what its .gitignore files and a "
+                    ".ringmasterignore at its root match, and symbolic links; what is left out is listed.",
         epilog="A backend's own options are passed on as given, e.g. --cluster NAME for Kubernetes "
                "(`ringmaster backends` lists them).")
     parser.submit = submit
-    submit.add_argument("script", nargs="?", help="a local script to upload")
+    submit.add_argument("script", nargs="?", help="a local script, or a folder, to upload")
+    submit.add_argument("--entry", metavar="PATH",
+                        help="with a folder: its .py file the job starts, relative to it (e.g. train.py)")
     submit.add_argument("--script-path", help="run this path inside the image instead of uploading")
     submit.add_argument("--image", required=True, help="image name or id (see the portal's catalog)")
     submit.add_argument("--gpus", required=True, type=int, help="number of GPUs (one process each)")

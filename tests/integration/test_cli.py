@@ -301,3 +301,41 @@ def test_logs_follow_resumes_after_the_web_server_restarts_without_losing_or_rep
     assert follow.out == lines                                       # nothing lost, nothing repeated
     for rank in (0, 1):
         assert numbered(follow.out, rank) == list(range(300))
+
+
+def test_a_folder_is_submitted_as_the_snapshot_a_zip_of_its_files_gives(live_portal, image, alice, tmp_path):
+    """`ringmaster submit ./dir --entry train.py`: what .gitignore matches stays behind, and the job
+    runs the same snapshot (sha256) as a zip of the files that were sent, uploaded to the API."""
+    import io
+    import zipfile
+
+    import requests
+
+    env = cli_env(live_portal, alice, tmp_path)
+    root = tmp_path / "my-project"
+    sent = {"train.py": "import datautils\nprint(datautils.GREETING)\n", "datautils.py": "GREETING = 'hi'\n",
+            "conf/settings.txt": "lr=0.1\n", ".gitignore": "*.ckpt\n"}
+    for name, text in {**sent, "big.ckpt": "x" * 5000, ".git/HEAD": "ref: refs/heads/main\n"}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    result = ringmaster(env, "submit", "-q", "--image", "horovod-cpu", "--gpus", "1", root, "--entry", "./train.py",
+                        "--", "--lr", "0.1")
+    assert result.returncode == 0, result.stderr
+    job = Job.objects.get(pk=int(result.stdout))
+    assert (job.entry_point, job.args) == ("train.py", ["--lr", "0.1"])
+    assert "ringmaster: left out: big.ckpt (1 file, 5.0 kB) by .gitignore" in result.stderr.splitlines()
+    assert "ringmaster: left out: .git/ (1 file, 21 B) always" in result.stderr.splitlines()
+    assert "ringmaster: sending 4 files, 73 B (packed: " in result.stderr
+
+    api = requests.Session()
+    api.headers["Authorization"] = f"Token {env['RINGMASTER_TOKEN']}"
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for name in sent:
+            archive.write(root / name, f"my-project/{name}")
+    uploaded = api.post(f"{live_portal}/api/projects/", files={"file": ("my-project.zip", zipped.getvalue())})
+    assert uploaded.status_code == 201, uploaded.text
+    shown = api.get(f"{live_portal}/api/jobs/{job.pk}/").json()["project"]
+    assert shown == {"id": uploaded.json()["id"], "sha256": uploaded.json()["sha256"], "entry_point": "train.py"}
+    files = api.get(f"{live_portal}/api/jobs/{job.pk}/files/").json()
+    assert sorted(file["path"] for file in files) == sorted(sent)           # neither big.ckpt nor .git/

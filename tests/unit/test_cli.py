@@ -1,5 +1,6 @@
 """The ringmaster command without a portal: configuration, arguments, output format, errors."""
 import json
+import re
 import subprocess
 import sys
 
@@ -336,3 +337,190 @@ def test_ls_sends_every_tag_and_shows_each_jobs_tags(capsys):
     assert portal.sent == [("GET", "/api/jobs/", {"limit": 50, "tag": ["resnet", "lr sweep"]})]
     header, row = capsys.readouterr().out.splitlines()
     assert row[header.index("TAGS"):].startswith("resnet,lr sweep")
+
+
+# --- a folder packed for submit -----------------------------------------------------------------
+
+def make_tree(root, files):
+    """Files under `root` from {"path": text, or bytes}; a path ending in "*" is made executable."""
+    for name, content in files.items():
+        path = root / name.rstrip("*")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        if name.endswith("*"):
+            path.chmod(0o755)
+    return root
+
+
+FOLDER = {
+    "train.py": "import datautils\n",
+    "datautils.py": "X = 1\n",
+    "run.sh*": "#!/bin/sh\n",
+    ".gitignore": "*.log\n!keep.log\ndata/\n/build\nweights/\n",
+    ".ringmasterignore": "notes/\n!weights/\n",
+    ".git/HEAD": "ref: refs/heads/main\n",
+    ".git/objects/ab/cdef": b"\0" * 1000,
+    "data/big.bin": b"\1" * 2500,
+    "data/more/x.bin": b"\2" * 500,
+    "keep.log": "kept\n",
+    "debug.log": "left\n",
+    "build/out.o": "o",
+    "weights/w.pt": "w",
+    "notes/todo.md": "t",
+    "src/.gitignore": "!debug2.log\nsecret.txt\n",
+    "src/debug2.log": "taken back by the deeper file\n",
+    "src/secret.txt": "s",
+    "src/mod.py": "Y = 2\n",
+    "src/build/gen.py": "# /build is anchored at the root: this one is sent\n",
+    "vendor/lib/.git": "gitdir: ../../.git/modules/lib\n",
+    "vendor/lib/lib.py": "Z = 3\n",
+}
+
+
+def test_a_folder_is_sent_without_git_what_its_ignore_files_match_and_links(tmp_path):
+    import os
+
+    from cli import pack
+
+    root = make_tree(tmp_path / "my-project", FOLDER)
+    (root / "link.py").symlink_to("train.py")
+    (root / "outside").symlink_to(tmp_path)
+    os.mkfifo(root / "pipe")
+    selection = pack.select(root)
+    assert sorted(selection.paths()) == [
+        ".gitignore", ".ringmasterignore", "datautils.py", "keep.log", "run.sh", "src/.gitignore",
+        "src/build/gen.py", "src/debug2.log", "src/mod.py", "train.py", "vendor/lib/lib.py", "weights/w.pt"]
+    assert [file.path for file in selection.files if file.executable] == ["run.sh"]
+    assert {(left.path, left.why, left.files) for left in selection.left_out} == {
+        (".git/", "always", 2), ("data/", "by .gitignore", 2), ("debug.log", "by .gitignore", 1),
+        ("build/", "by .gitignore", 1), ("notes/", "by .ringmasterignore", 1),
+        ("src/secret.txt", "by src/.gitignore", 1), ("vendor/lib/.git", "always", 1),
+        ("link.py", pack.LINK, 1), ("outside", pack.LINK, 1), ("pipe", pack.NOT_A_FILE, 1)}
+    assert pack.summary(selection) == [
+        "left out: .git/ (2 files, 1.0 kB) always",
+        "left out: build/ (1 file, 1 B) by .gitignore",
+        "left out: data/ (2 files, 3.0 kB) by .gitignore",
+        "left out: debug.log (1 file, 5 B) by .gitignore",
+        "left out: link.py (1 file, 0 B) as symbolic links (not followed)",
+        "left out: notes/ (1 file, 1 B) by .ringmasterignore",
+        "left out: outside (1 file, 0 B) as symbolic links (not followed)",
+        "left out: pipe (1 file, 0 B) as neither files nor folders",
+        "left out: src/ (1 file, 1 B) by src/.gitignore",
+        "left out: vendor/ (1 file, 31 B) always"]
+
+
+def test_a_packed_folder_is_the_snapshot_of_a_zip_of_the_same_files(tmp_path):
+    """The portal reads both (runners.projects, as POST /api/projects/ does): the same digest."""
+    import io
+    import zipfile
+
+    from cli import pack
+    from runners import projects
+
+    limits = projects.Limits(archive_bytes=1 << 20, expanded_bytes=1 << 20, files=100)
+    root = make_tree(tmp_path / "my-project", FOLDER)
+    selection = pack.select(root)
+    packed = io.BytesIO()
+    pack.write_tar_gz(selection, packed)
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for file in selection.files:
+            archive.write(root / file.path, file.path)             # as a file manager zips: modes kept
+    from_folder = projects.read_archive(packed.getvalue(), limits)
+    assert [f.path for f in from_folder] == sorted(selection.paths())
+    assert projects.digest(from_folder) == projects.digest(projects.read_archive(zipped.getvalue(), limits))
+    assert [f.path for f in from_folder if f.executable] == ["run.sh"]
+
+    # A folder whose files all lie in one subfolder keeps it: the archive's own top folder is the one taken off.
+    nested = make_tree(tmp_path / "nested", {"src/train.py": "print(1)\n", "src/util.py": ""})
+    packed = io.BytesIO()
+    pack.write_tar_gz(pack.select(nested), packed)
+    assert [f.path for f in projects.read_archive(packed.getvalue(), limits)] == ["src/train.py", "src/util.py"]
+
+
+@pytest.mark.parametrize("entry, says", [
+    (None, "is a folder: name the .py file the job starts with --entry"),
+    ("missing.py", "--entry missing.py: {root} has no file missing.py"),
+    ("datautils", "--entry datautils: the entry point must be a .py file"),
+    ("../train.py", "--entry ../train.py: give a path inside the folder"),
+    ("/train.py", "--entry /train.py: give a path inside the folder"),
+    ("data/prep.py", "--entry data/prep.py: data/ is left out by .gitignore"),
+    ("src/secret.py", "--entry src/secret.py: src/secret.py is left out by src/.gitignore"),
+])
+def test_a_folder_needs_an_entry_point_among_the_files_sent(entry, says, home, monkeypatch, capsys, closed_port):
+    monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
+    monkeypatch.setenv("RINGMASTER_URL", f"http://127.0.0.1:{closed_port}")   # refused before any request
+    root = make_tree(home / "proj", {"train.py": "", ".gitignore": "data/\n", "data/prep.py": "",
+                                     "src/.gitignore": "secret.py\n", "src/secret.py": ""})
+    argv = ["submit", "--image", "i", "--gpus", "1", str(root)] + (["--entry", entry] if entry else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says.format(root=root) in err and "cannot reach" not in err, err
+
+
+def test_entry_goes_only_with_a_folder_and_an_empty_one_is_refused(home, monkeypatch, capsys, closed_port):
+    monkeypatch.setenv("RINGMASTER_TOKEN", TOKEN)
+    monkeypatch.setenv("RINGMASTER_URL", f"http://127.0.0.1:{closed_port}")
+    script = make_tree(home, {"t.py": ""}) / "t.py"
+    assert cli.main(["submit", "--image", "i", "--gpus", "1", str(script), "--entry", "t.py"]) == 2
+    assert "--entry goes with a folder" in capsys.readouterr().err
+    args = cli.parse_args(["submit", "--image", "i", "--gpus", "1", "./proj", "--entry", "train.py",
+                           "--", "--lr", "0.1"])
+    assert (args.script, args.entry, args.script_args) == ("./proj", "train.py", ["--lr", "0.1"])
+    ignored = make_tree(home / "all-ignored", {".gitignore": "*\n", "train.py": ""})
+    assert cli.main(["submit", "--image", "i", "--gpus", "1", str(ignored), "--entry", "train.py"]) == 2
+    assert "train.py is left out by .gitignore" in capsys.readouterr().err
+
+
+def test_the_summary_of_what_is_left_out_stays_short():
+    from pathlib import Path
+
+    from cli import pack
+
+    selection = pack.Selection(root=Path("."), left_out=[
+        pack.LeftOut(f"f{i:02}.pyc", "by .gitignore", 1, 2_000_000) for i in range(25)])
+    lines = pack.summary(selection)
+    assert len(lines) == pack.SUMMARY_LINES + 1 and lines[0] == "left out: f00.pyc (1 file, 2.0 MB) by .gitignore"
+    assert lines[-1] == "left out: 5 more (5 files, 10.0 MB)"
+    assert [pack.human_size(n) for n in (0, 999, 34_500, 2_100_000_000)] == ["0 B", "999 B", "34.5 kB", "2.1 GB"]
+
+
+class ProjectPortal:
+    """A client of a portal that takes projects (as project 5) or refuses them as the portal does
+    past its limits, and takes jobs (as job 9); it keeps what was sent."""
+
+    def __init__(self, refuse=None):
+        self.refuse, self.sent = refuse, {}
+
+    def request(self, method, path, **kwargs):
+        if path == "/api/projects/":
+            self.sent[path] = kwargs["files"]["file"][1].read()
+            if self.refuse:
+                raise cli.FieldErrors({"file": [self.refuse]})
+            return {"id": 5, "sha256": "ab" * 32, "files": 2, "size": 9}
+        self.sent[path] = kwargs["json"]
+        return {"id": 9, "state": "QUEUED", "url": "http://portal/jobs/9/"}
+
+
+def test_submit_of_a_folder_uploads_it_then_the_job_names_the_project_and_its_entry(tmp_path, capsys):
+    root = make_tree(tmp_path / "proj", {"train.py": "import util\n", "util.py": "", ".gitignore": "*.ckpt\n",
+                                         "last.ckpt": "x" * 2000})
+    portal = ProjectPortal()
+    args = cli.parse_args(["submit", "--image", "i", "--gpus", "2", str(root), "--entry", "train.py",
+                           "--", "--lr", "1"])
+    assert cli.cmd_submit(portal, args) == 0
+    assert portal.sent["/api/projects/"][:2] == b"\x1f\x8b"                         # a .tar.gz
+    assert portal.sent["/api/jobs/"] == {"image": "i", "gpus": 2, "args": ["--lr", "1"], "project": 5,
+                                         "entry_point": "train.py"}
+    out, err = capsys.readouterr()
+    assert out == "job 9 submitted (QUEUED): http://portal/jobs/9/\n"
+    left, sending, project = err.splitlines()
+    assert left == "ringmaster: left out: last.ckpt (1 file, 2.0 kB) by .gitignore"
+    assert re.fullmatch(rf"ringmaster: sending 3 files, 19 B \(packed: \d+ B\) from {re.escape(str(root))}", sending)
+    assert project == f"ringmaster: project 5: sha256 {'ab' * 32}"
+
+    refused = ProjectPortal(refuse="The archive holds more than 5,000 files.")
+    with pytest.raises(cli.CliError) as error:
+        cli.cmd_submit(refused, args)
+    assert error.value.code == 2 and "/api/jobs/" not in refused.sent
+    assert str(error.value) == "the portal refused the packed folder: The archive holds more than 5,000 files."
