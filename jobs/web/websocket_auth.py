@@ -4,6 +4,7 @@ from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 from channels.security.websocket import WebsocketDenier
 from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
@@ -55,7 +56,10 @@ def same_origin(scope):
     browser sent, the host one of ALLOWED_HOSTS) or one of CSRF_TRUSTED_ORIGINS: what Django's
     CSRF check accepts from a form posted to the portal."""
     request = _Handshake(scope)
-    return "HTTP_ORIGIN" in request.META and CsrfViewMiddleware(lambda request: None)._origin_verified(request)
+    try:
+        return "HTTP_ORIGIN" in request.META and CsrfViewMiddleware(lambda request: None)._origin_verified(request)
+    except DisallowedHost:                      # a Host not in ALLOWED_HOSTS: not the portal's origin
+        return False
 
 
 class OriginOrTokenValidator:
