@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 from asgiref.sync import sync_to_async
-from rest_framework.authtoken.models import Token
+from jobs.domain import tokens
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory, PerMessageDeflate
@@ -43,7 +43,7 @@ def ws_url(live_portal, job, since=None):
 
 
 def token_header(user):
-    return {"Authorization": f"Token {Token.objects.get_or_create(user=user)[0].key}"}
+    return {"Authorization": f"Token {tokens.issue(user).key}"}
 
 
 async def receive_until(ws, predicate, timeout=20):
