@@ -5,9 +5,9 @@ import re
 import pytest
 from django.contrib.auth.models import Group
 from django.test import Client
-from jobs.domain import tokens
 from rest_framework.test import APIClient
 
+from jobs.domain import tokens
 from jobs.models import ApiToken, UserSettings
 
 pytestmark = pytest.mark.django_db

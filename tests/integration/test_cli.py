@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from jobs.domain import tokens
 
+from jobs.domain import tokens
 from jobs.models import Job, LogLine, MetricPoint, NotificationTarget, Script, State
 from tests.conftest import ROOT, wait_for
 

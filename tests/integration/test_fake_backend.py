@@ -11,8 +11,8 @@ import os
 import pytest
 import requests
 from django.conf import settings as django_settings
-from jobs.domain import tokens
 
+from jobs.domain import tokens
 from jobs.models import ACTIVE_STATES, Job, Quota, State
 from tests.conftest import WebServer, Worker, job_name, wait_for
 from tests.fakebackend import HOLD_ENV, fake_root

@@ -16,8 +16,8 @@ from datetime import timedelta
 import pytest
 import requests
 from django.utils import timezone
-from jobs.domain import tokens
 
+from jobs.domain import tokens
 from jobs.domain.logstore import append_output
 from jobs.backends.instances.models import Instance
 from jobs.models import Job, LogLine, State

@@ -5,10 +5,9 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from jobs.domain import tokens
 from websockets.asyncio.client import connect
 
-from jobs.domain import scheduler, states
+from jobs.domain import scheduler, states, tokens
 from jobs.models import Job, Script, State
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -7,12 +7,11 @@ import zlib
 
 import pytest
 from asgiref.sync import sync_to_async
-from jobs.domain import tokens
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory, PerMessageDeflate
 
-from jobs.domain import states
+from jobs.domain import states, tokens
 from jobs.domain.logstore import append_output
 from jobs.models import Job, LogLine, Script, State
 from runners.output import Line
