@@ -50,6 +50,10 @@ def portal_data(tmp_path_factory):
     """(data folder, seed_demo's and create_api_token's output) of a fresh embedded portal (with
     no terminal: tests/integration/test_ready_banner.py shows what the banner says then)."""
     data_dir = tmp_path_factory.mktemp("secrets") / "var"
+    # As an older installation left them: a folder others may enter, a database file they may read.
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    (data_dir / "ringmaster.sqlite3").touch(mode=0o644)
     made = embedded(data_dir, code=MAKE, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     return data_dir, made.stdout

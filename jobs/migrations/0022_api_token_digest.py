@@ -1,11 +1,14 @@
 """API tokens kept as the SHA-256 of their keys (jobs.ApiToken). The tokens of DRF's authtoken
 table, which held keys in plain text, are carried over by their digests (they keep working) and
 deleted there; that app is no longer installed, so its table is read, if it is there, by SQL."""
+import datetime
 import hashlib
 
 import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 PLAIN = "authtoken_token"
 
@@ -20,9 +23,16 @@ def hash_plain_tokens(apps, schema_editor):
         cursor.execute(f"SELECT {key}, {user}, {created} FROM {table}")
         rows = cursor.fetchall()
         for plain, user_id, made in rows:
+            if isinstance(made, str):                     # SQLite's raw column
+                made = parse_datetime(made)
+            if made is not None and timezone.is_naive(made):
+                made = timezone.make_aware(made, datetime.timezone.utc)
             ApiToken.objects.update_or_create(user_id=user_id, defaults={
                 "digest": hashlib.sha256(plain.encode("utf-8", "surrogateescape")).hexdigest()})
-            ApiToken.objects.filter(user_id=user_id).update(created=made)
+            if made is not None:
+                ApiToken.objects.filter(user_id=user_id).update(created=made)
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA secure_delete = ON")    # the deleted keys' bytes overwritten in the file
         cursor.execute(f"DELETE FROM {table}")
 
 
