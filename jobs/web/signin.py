@@ -10,9 +10,9 @@ from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.signals import user_login_failed
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.db.models import Max, Q
 from django.forms.utils import ErrorDict
-from django.core.exceptions import NON_FIELD_ERRORS
 from django.http import JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
