@@ -86,7 +86,9 @@ def test_the_sixth_bad_token_from_an_address_is_429_and_the_address_alone_waits(
     sixth = api("198.51.100.1", "bad-5")
     assert sixth.status_code == 429 and 1 <= int(sixth["Retry-After"]) <= WINDOW
     assert sixth.json()["detail"].startswith(THROTTLED)
-    assert api("198.51.100.1", key).status_code == 429              # a good token waits there too
+    again = api("198.51.100.1", key)
+    assert again.status_code == 429 and 1 <= int(again["Retry-After"]) <= WINDOW   # a good token waits there too
+    assert again.json()["detail"] in (f"{THROTTLED} {WINDOW} seconds.", f"{THROTTLED} 1 second.")
     assert api("198.51.100.2", key).status_code == 200              # not elsewhere: no account is named
     wait_for(lambda: api("198.51.100.1", key).status_code == 200, timeout=WINDOW + 8, interval=0.25,
              message="the token to work again from the throttled address")

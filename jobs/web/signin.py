@@ -128,7 +128,9 @@ class TokenAuthentication(authentication.TokenAuthentication):
         try:
             user = token_user(request._request, key)
         except Locked as locked:
-            raise exceptions.Throttled(wait=locked.seconds, detail=message(locked.seconds))
+            refusal = exceptions.Throttled(detail=message(locked.seconds))   # the message says when
+            refusal.wait = locked.seconds                                     # Retry-After
+            raise refusal
         if user is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         return user, None
