@@ -124,7 +124,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The database file made 0600 before SQLite opens it (its -wal and -shm files take its mode):
     # it holds sessions and password hashes.
     _database = Path(str(DATABASES["default"]["NAME"]))
-    if str(_database) not in ("", ":memory:") and not str(_database).startswith("file:") and _database.parent.is_dir():
+    if str(_database) not in ("", ":memory:") and not str(_database).startswith("file:") \
+            and _database.parent.is_dir():
         os.close(os.open(_database, os.O_WRONLY | os.O_CREAT, 0o600))
         for _file in (_database, Path(f"{_database}-wal"), Path(f"{_database}-shm")):
             if _file.exists() and _file.stat().st_uid == os.geteuid() and _file.stat().st_mode & 0o077:
