@@ -126,10 +126,11 @@ def reset_data():
 def bench_user():
     """(user, API token key) of the benchmarks' user."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from jobs.domain import tokens
 
     user, _ = get_user_model().objects.get_or_create(username="bench")
-    return user, Token.objects.get_or_create(user=user)[0].key
+    return user, tokens.issue(user).key
 
 
 def bench_image(launchers="horovod"):

@@ -376,6 +376,19 @@ class UserSettings(models.Model):
         return f"settings of {self.user}"
 
 
+class ApiToken(models.Model):
+    """A user's API token (one at most), kept as the SHA-256 of its key: the database holds nothing
+    that signs in. The key is shown once, when it is made (jobs.domain.tokens)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="api_token")
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"API token of {self.user}"
+
+
 class SlotAllocation(models.Model):
     """GPU slots a job holds on one host, from admission until the job ends (any way): a host of
     its backend (an instance: `host_id` is the id of the backend's own row), or this machine

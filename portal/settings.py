@@ -8,6 +8,7 @@ import base64
 import importlib.util
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -29,7 +30,17 @@ def env_list(name, default=""):
 # Where Ringmaster keeps its own files: the SQLite database, job working directories, the
 # embedded broker's queue. Never inside a job's reach through the web.
 DATA_DIR = Path(os.environ.get("RINGMASTER_DATA_DIR", BASE_DIR / "var")).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _private(folder):
+    """`folder` (the data folder: the database, its secrets, every job's files) open to the
+    portal's own account only, whatever the umask or an older installation made it."""
+    if folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+        folder.chmod(0o700)
+
+
+_private(DATA_DIR)
 
 
 def _kept(name, make):
@@ -67,7 +78,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",        # Swagger UI's files, served from here (no CDN)
     "csp",
@@ -113,6 +123,15 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The database file made 0600 before SQLite opens it (its -wal and -shm files take its mode):
+    # it holds sessions and password hashes.
+    _database = Path(str(DATABASES["default"]["NAME"]))
+    if str(_database) not in ("", ":memory:") and not str(_database).startswith("file:") \
+            and _database.parent.is_dir():
+        os.close(os.open(_database, os.O_WRONLY | os.O_CREAT, 0o600))
+        for _file in (_database, Path(f"{_database}-wal"), Path(f"{_database}-shm")):
+            if _file.exists() and _file.stat().st_uid == os.geteuid() and _file.stat().st_mode & 0o077:
+                _file.chmod(0o600)
     # Web, worker and beat write concurrently: take the write lock at BEGIN and wait for it.
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
@@ -181,7 +200,7 @@ AUTH_PASSWORD_VALIDATORS = [
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first, so an anonymous API call gets 401 with WWW-Authenticate: Token.
-        "rest_framework.authentication.TokenAuthentication",
+        "jobs.web.signin.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -191,6 +210,23 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "jobs.web.params.Pagination",   # a bad ?limit= or ?offset= is a 400
     "PAGE_SIZE": 50,
 }
+# --- sign-in throttling (django-axes; jobs.web.signin) --------------------------------------
+# The failed sign-ins (passwords on /login/ and /admin/login/, API tokens) an account, or an
+# address, may make within the window; the next is refused until the window has passed since the
+# last failure. Failures while refused do not count.
+RINGMASTER_SIGNIN_FAILURES = int(os.environ.get("RINGMASTER_SIGNIN_FAILURES", "5"))
+RINGMASTER_SIGNIN_LOCKOUT_SECONDS = float(os.environ.get("RINGMASTER_SIGNIN_LOCKOUT_SECONDS", "900"))
+INSTALLED_APPS += ["axes"]
+MIDDLEWARE += ["axes.middleware.AxesMiddleware"]          # last: it turns a refusal into the page
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = RINGMASTER_SIGNIN_FAILURES + 1
+AXES_COOLOFF_TIME = timedelta(seconds=RINGMASTER_SIGNIN_LOCKOUT_SECONDS)
+AXES_LOCKOUT_PARAMETERS = "jobs.web.signin.lockout_parameters"
+AXES_LOCKOUT_CALLABLE = "jobs.web.signin.lockout_response"
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_VERBOSE = False
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ringmaster API",
     "DESCRIPTION": "Submit and follow distributed Horovod training jobs.",

@@ -167,14 +167,14 @@ def main(data_dir, examples):
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.core.wsgi import get_wsgi_application
-    from rest_framework.authtoken.models import Token
+    from jobs.domain import tokens
 
     from jobs.models import Image
 
     call_command("migrate", verbosity=0)
     alice = get_user_model().objects.create_user("alice", password="pw-alice")
     seed(alice, Image.objects.create(name="horovod-cpu", python=sys.executable, description="fuzz image"))
-    headers = {"Authorization": f"Token {Token.objects.create(user=alice).key}"}
+    headers = {"Authorization": f"Token {tokens.issue(alice).key}"}
     failures = fuzz(get_wsgi_application(), headers, examples, job_id=RUNNING_JOB)
     (Path(data_dir) / FAILURES_FILE).write_text(json.dumps(failures, default=str))
 

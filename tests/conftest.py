@@ -390,11 +390,11 @@ def restartable_portal(service_env, tmp_path):
 @pytest.fixture
 def http(live_portal, celery_worker, image, make_user):
     """A requests session of user alice, authenticated with an API token, against uvicorn."""
-    from rest_framework.authtoken.models import Token
+    from jobs.domain import tokens
 
     user = make_user("alice")
     session = requests.Session()
-    session.headers["Authorization"] = f"Token {Token.objects.create(user=user).key}"
+    session.headers["Authorization"] = f"Token {tokens.issue(user).key}"
     session.base = live_portal
     return session
 
@@ -492,12 +492,12 @@ def script(alice):
 @pytest.fixture
 def api_client(make_user):
     """An API client for a fresh user with a token: client(user) -> requests.Session-like."""
-    from rest_framework.authtoken.models import Token
+    from jobs.domain import tokens
     from rest_framework.test import APIClient
 
     def client_for(user):
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {tokens.issue(user).key}")
         return client
     return client_for
 

@@ -22,11 +22,11 @@ def test_generated_requests_on_postgresql_never_get_a_server_error(make_user, im
     from django.core import signals
     from django.core.wsgi import get_wsgi_application
     from django.db import close_old_connections
-    from rest_framework.authtoken.models import Token
+    from jobs.domain import tokens
 
     alice = make_user("alice")
     api_fuzzing.seed(alice, image)
-    headers = {"Authorization": f"Token {Token.objects.create(user=alice).key}"}
+    headers = {"Authorization": f"Token {tokens.issue(alice).key}"}
     # As Django's test client does: the test's transaction holds the data, so requests must not
     # close the connection when they end.
     signals.request_started.disconnect(close_old_connections)

@@ -31,14 +31,16 @@ def test_create_api_token_for_an_unknown_user_fails_clearly():
         run("create_api_token", "ghost")
 
 
-def test_seed_demo_is_idempotent_and_prints_the_password_once(django_user_model, settings, tmp_path):
+def test_seed_demo_is_idempotent_and_keeps_the_password_in_a_private_file_never_in_its_output(
+        django_user_model, settings, tmp_path):
     settings.DATA_DIR = tmp_path                                        # not the checkout's var/
     out = run("seed_demo")
-    password = out.split("password: ")[1].split()[0]
-    assert django_user_model.objects.get(username="admin").check_password(password)
-    assert "with password" not in run("seed_demo")
     kept = settings.DATA_DIR / "initial_admin_password"                # for make run's banner, 0600
-    assert kept.read_text().split() == ["admin", password] and kept.stat().st_mode & 0o077 == 0
+    username, password = kept.read_text().split()
+    assert username == "admin" and kept.stat().st_mode & 0o077 == 0
+    assert django_user_model.objects.get(username="admin").check_password(password)
+    assert password not in out and f"its password is in {kept} (readable by this account only)" in out
+    assert "Created admin" not in run("seed_demo")
     assert Image.objects.filter(name="horovod-cpu", enabled=True).count() == 1
     names = set(Script.objects.filter(owner=None).values_list("name", flat=True))
     assert {"hello_allreduce.py", "synthetic_benchmark.py"} <= names

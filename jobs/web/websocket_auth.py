@@ -7,13 +7,23 @@ from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
-from rest_framework.authtoken.models import Token
+
+from jobs.web import signin
 
 
 @database_sync_to_async
-def _user_for_token(key):
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token and token.user.is_active else None
+def _user_for_token(scope, key):
+    """The token's user, through the API's throttled check (a wrong key counts against the
+    address; a locked address gets nobody)."""
+    request = HttpRequest()
+    request.path = request.path_info = scope.get("path", "")
+    headers = dict(scope.get("headers", []))
+    request.META = {"REMOTE_ADDR": (scope.get("client") or ("", 0))[0],
+                    "HTTP_USER_AGENT": headers.get(b"user-agent", b"").decode("latin-1")}
+    try:
+        return signin.token_user(request, key)
+    except signin.Locked:
+        return None
 
 
 class _TokenHeaderMiddleware(BaseMiddleware):
@@ -24,7 +34,7 @@ class _TokenHeaderMiddleware(BaseMiddleware):
         if scheme.lower() == "token":
             # A client that sends a token is who the token says, or nobody: never the session
             # cookie it may carry as well (OriginOrTokenValidator let it through on the token).
-            user = await _user_for_token(key.strip()) if key.strip() else None
+            user = await _user_for_token(scope, key.strip()) if key.strip() else None
             scope["user"] = user if user is not None else AnonymousUser()
         return await super().__call__(scope, receive, send)
 

@@ -8,8 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from jobs.domain import tokens
 from jobs.models import Job, LogLine, MetricPoint, NotificationTarget, Script, State
 from tests.conftest import ROOT, wait_for
 
@@ -52,7 +52,7 @@ def cli_env(url, user, tmp_path):
     PYTHONPATH: the installed entry point runs this checkout's code, even where the environment's
     editable install points at another checkout sharing it."""
     return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT),
-            "RINGMASTER_URL": url, "RINGMASTER_TOKEN": Token.objects.get_or_create(user=user)[0].key}
+            "RINGMASTER_URL": url, "RINGMASTER_TOKEN": tokens.issue(user).key}
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import os
 import pytest
 import requests
 from django.conf import settings as django_settings
-from rest_framework.authtoken.models import Token
 
+from jobs.domain import tokens
 from jobs.models import ACTIVE_STATES, Job, Quota, State
 from tests.conftest import WebServer, Worker, job_name, wait_for
 from tests.fakebackend import HOLD_ENV, fake_root
@@ -47,7 +47,7 @@ def api(fake_services, image, make_user, settings):
     worker.resume()
     session = requests.Session()
     session.user = make_user("alice")
-    session.headers["Authorization"] = f"Token {Token.objects.create(user=session.user).key}"
+    session.headers["Authorization"] = f"Token {tokens.issue(session.user).key}"
     session.base = url
     yield session
     for job_id in Job.objects.filter(state__in=ACTIVE_STATES).values_list("pk", flat=True):

@@ -16,8 +16,8 @@ from datetime import timedelta
 import pytest
 import requests
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
+from jobs.domain import tokens
 from jobs.domain.logstore import append_output
 from jobs.backends.instances.models import Instance
 from jobs.models import Job, LogLine, State
@@ -364,7 +364,7 @@ def _continue(worker):
 def api(services, image, make_user):
     url, queue, start_worker, workers = services
     session = requests.Session()
-    session.headers["Authorization"] = f"Token {Token.objects.create(user=make_user('alice')).key}"
+    session.headers["Authorization"] = f"Token {tokens.issue(make_user('alice')).key}"
     session.base, session.queue, session.start_worker = url, queue, start_worker
     session.stop_workers = lambda: [worker.stop() for worker in workers if worker.alive()]
     session.a_worker = lambda: next((w.resume() for w in workers if w.alive()), None) or start_worker(

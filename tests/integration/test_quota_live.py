@@ -5,10 +5,9 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from rest_framework.authtoken.models import Token
 from websockets.asyncio.client import connect
 
-from jobs.domain import scheduler, states
+from jobs.domain import scheduler, states, tokens
 from jobs.models import Job, Script, State
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -30,7 +29,7 @@ def test_viewers_of_waiting_jobs_get_their_new_reasons_pushed(live_portal, make_
     states.transition(running.pk, State.LAUNCHING)
     waiting = [Job.objects.create(owner=alice, image=image, gpus=2, script=script, time_limit_minutes=5)
                for _ in range(2)]
-    headers = {"Authorization": f"Token {Token.objects.create(user=alice).key}"}
+    headers = {"Authorization": f"Token {tokens.issue(alice).key}"}
     base = live_portal.replace("http://", "ws://")
 
     async def scenario():

@@ -7,12 +7,11 @@ import zlib
 
 import pytest
 from asgiref.sync import sync_to_async
-from rest_framework.authtoken.models import Token
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory, PerMessageDeflate
 
-from jobs.domain import states
+from jobs.domain import states, tokens
 from jobs.domain.logstore import append_output
 from jobs.models import Job, LogLine, Script, State
 from runners.output import Line
@@ -43,7 +42,7 @@ def ws_url(live_portal, job, since=None):
 
 
 def token_header(user):
-    return {"Authorization": f"Token {Token.objects.get_or_create(user=user)[0].key}"}
+    return {"Authorization": f"Token {tokens.issue(user).key}"}
 
 
 async def receive_until(ws, predicate, timeout=20):

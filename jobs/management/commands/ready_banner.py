@@ -1,6 +1,8 @@
 """`make run`'s last word: once the web server answers and the worker and beat are ready, one
 short banner (the URL, the admin's first password while it is unchanged, the first step), after
-a hundred lines of start-up output. Then it waits, since honcho stops every process when one ends."""
+a hundred lines of start-up output. The password is written to the terminal only; honcho's
+output, which may be kept in a log, says which file holds it. Then it waits, since honcho stops
+every process when one ends."""
 import os
 import signal
 import time
@@ -17,16 +19,18 @@ PASSWORD_FILE = "initial_admin_password"
 
 
 def keep_initial_password(username, password):
-    """Keep the admin's generated first password (0600, in the data folder) for the banner."""
+    """Keep the admin's generated first password (0600, in the data folder) for the banner; its path."""
     path = settings.DATA_DIR / PASSWORD_FILE
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{username}\n{password}\n")
+    return path
 
 
-def login_line():
-    """How to log in: the first password while it still works, else how to set one."""
+def login_line(reveal):
+    """How to log in: the first password while it still works (`reveal`: itself, else the file
+    that holds it), else how to set one."""
     path = settings.DATA_DIR / PASSWORD_FILE
     try:
         username, password = path.read_text().split()[:2]
@@ -36,7 +40,21 @@ def login_line():
     if user is None or not user.check_password(password):
         path.unlink(missing_ok=True)                # changed: the file has no more use
         return f"Log in as {username} (password changed; reset it: .venv/bin/python manage.py changepassword {username})."
-    return f"Log in as {username} with password {password}"
+    if reveal:
+        return f"Log in as {username} with password {password}"
+    return f"Log in as {username} with the password in {path} (readable by this account only)"
+
+
+def terminal():
+    """The terminal the portal was started from, or None. Under honcho stdout and stderr are
+    pipes (to honcho, whose output may go to a log file) and stdin is still the terminal."""
+    for fd in (1, 2, 0):
+        try:
+            if os.isatty(fd):
+                return os.ttyname(fd)
+        except OSError:
+            continue
+    return None
 
 
 def web_answers(url):
@@ -69,13 +87,19 @@ class Command(BaseCommand):
         else:
             raise CommandError(f"not up after {timeout:.0f} s: {', '.join(waiting_for)} (see the lines above)")
         rule = "=" * 72
-        self.stdout.write("\n".join([
-            "", rule,
-            f"  Ringmaster is ready at {url}",
-            f"  {login_line()}",
-            "  First step: New job, pick hello_allreduce.py, 2 GPUs, Submit.",
-            "  Ctrl-C stops it.",
-            rule, ""]))
+
+        def banner(reveal):
+            return "\n".join(["", rule, f"  Ringmaster is ready at {url}", f"  {login_line(reveal)}",
+                              "  First step: New job, pick hello_allreduce.py, 2 GPUs, Submit.",
+                              "  Ctrl-C stops it.", rule, ""])
+        # The password goes to the terminal only, never to an output that may be a log.
+        tty = terminal()
+        if tty is not None and not os.isatty(1):
+            with open(tty, "w") as screen:
+                screen.write(banner(reveal=True) + "\n")
+            self.stdout.write(f"Ringmaster is ready at {url} (the banner, with how to log in, is on the terminal)")
+        else:
+            self.stdout.write(banner(reveal=tty is not None))
         self.stdout.flush()
         if not exit:
             try:

@@ -1,4 +1,4 @@
-"""Demo data for `make run`: an admin, an image catalog and the example scripts, and what each
+"""Demo data for `make run`: an admin (its password kept in a 0600 file, never printed), an image catalog and the example scripts, and what each
 enabled backend adds (Backend.seed: a cluster when KUBECONFIG names one). Idempotent."""
 import hashlib
 import secrets
@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 class Command(BaseCommand):
-    help = "Create the demo admin (printing its password once), the image catalog and example scripts."
+    help = "Create the demo admin (its password kept in the data folder for the banner), the image catalog and example scripts."
 
     def add_arguments(self, parser):
         parser.add_argument("--admin", default="admin")
@@ -26,9 +26,11 @@ class Command(BaseCommand):
         if not users.objects.filter(username=admin).exists():
             password = secrets.token_urlsafe(12)
             users.objects.create_superuser(admin, email="", password=password)
-            self.stdout.write(f"Created admin user {admin!r} with password: {password}")
-            # For the banner `make run` prints once everything is up (ready_banner), until changed.
-            keep_initial_password(admin, password)
+            # Never in this output, which may go to a log: the banner `make run` prints on the
+            # terminal once everything is up (ready_banner) shows it, until it is changed.
+            path = keep_initial_password(admin, password)
+            self.stdout.write(f"Created admin user {admin!r}; its password is in {path} (readable by this "
+                              "account only) and on the terminal once the portal is ready.")
         else:
             self.stdout.write(f"Admin user {admin!r} exists (reset its password: python manage.py changepassword {admin}).")
 
