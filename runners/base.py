@@ -48,6 +48,9 @@ class JobSpec:
     # A project (runners.projects.pack's archive) laid out in the job's folder, whose entry point
     # `script_name` is; None: a script (script_content or script_path).
     project: bytes | None = None
+    # Whether the image takes a project's extra packages (runners.packages); a runner that
+    # installs them refuses a project that names some where it does not.
+    extra_packages: bool = True
 
     @property
     def checkpoint_file(self):
