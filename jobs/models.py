@@ -33,6 +33,10 @@ class Image(models.Model):
         max_length=100, default=launchers.DEFAULT,
         help_text="The launchers the image carries, comma-separated: " + ", ".join(launchers.LAUNCHERS) + ".")
     enabled = models.BooleanField(default=True)
+    extra_packages = models.BooleanField(
+        default=True,
+        help_text="Whether a project's requirements.txt (or pyproject.toml dependencies) is installed on top of "
+                  "this image. Off: a project that names packages is refused with this image.")
 
     class Meta:
         ordering = ["name"]

@@ -92,6 +92,7 @@ def job_spec(job):
                           job.allocations.order_by("position").values_list("gpu_indices", flat=True)),
         checkpoint=checkpoint_source(job),
         project=bytes(job.project.archive) if job.project_id else None,
+        extra_packages=job.image.extra_packages,
     )
 
 
