@@ -17,9 +17,10 @@ from jobs.models import (
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
-    list_display = ["name", "enabled", "python", "container_image", "max_processes", "memory_mib", "description"]
-    list_filter = ["enabled"]
-    list_editable = ["enabled"]
+    list_display = ["name", "enabled", "extra_packages", "python", "container_image", "max_processes", "memory_mib",
+                    "description"]
+    list_filter = ["enabled", "extra_packages"]
+    list_editable = ["enabled", "extra_packages"]
     search_fields = ["name", "description", "container_image"]
 
 

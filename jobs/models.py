@@ -41,6 +41,10 @@ class Image(models.Model):
         help_text="The most memory a job of this image may use on each host, in MiB (blank: the site's "
                   "default, RINGMASTER_JOB_MEMORY_MIB; 0: no limit).")
     enabled = models.BooleanField(default=True)
+    extra_packages = models.BooleanField(
+        default=True,
+        help_text="Whether a project's requirements.txt (or pyproject.toml dependencies) is installed on top of "
+                  "this image. Off: a project that names packages is refused with this image.")
 
     class Meta:
         ordering = ["name"]

@@ -303,6 +303,14 @@ RINGMASTER_ARTIFACTS_DIR = Path(os.environ.get("RINGMASTER_ARTIFACTS_DIR", DATA_
 RINGMASTER_PROJECT_MAX_ARCHIVE_MB = float(os.environ.get("RINGMASTER_PROJECT_MAX_ARCHIVE_MB", "50"))
 RINGMASTER_PROJECT_MAX_EXPANDED_MB = float(os.environ.get("RINGMASTER_PROJECT_MAX_EXPANDED_MB", "200"))
 RINGMASTER_PROJECT_MAX_FILES = int(os.environ.get("RINGMASTER_PROJECT_MAX_FILES", "5000"))
+# Extra packages of projects (runners.packages): the environments kept by hash of image and
+# requirements, where jobs on this machine read them (hidden from every other job); the network of
+# the sandbox a local install runs in (runners.sandbox.NETWORKS; pip reaches the index through it:
+# "outbound" where the portal runs as root, as for jobs); the index pip asks (its PIP_INDEX_URL,
+# e.g. a mirror; empty: pip's own configuration, /etc/pip.conf or PyPI).
+RINGMASTER_ENVS_DIR = Path(os.environ.get("RINGMASTER_ENVS_DIR", DATA_DIR / "envs")).resolve()
+RINGMASTER_INSTALL_NETWORK = os.environ.get("RINGMASTER_INSTALL_NETWORK", "outbound" if os.geteuid() == 0 else "none")
+RINGMASTER_PIP_INDEX_URL = os.environ.get("RINGMASTER_PIP_INDEX_URL", "")
 # Artifacts of jobs that ended longer ago than this are deleted by beat (jobs.tasks.expire_artifacts).
 RINGMASTER_ARTIFACT_RETENTION_DAYS = float(os.environ.get("RINGMASTER_ARTIFACT_RETENTION_DAYS", "30"))
 # Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error

@@ -52,6 +52,9 @@ class JobSpec:
     # its memory in MiB, on each host; None: no limit.
     max_processes: int | None = None
     memory_mib: int | None = None
+    # Whether the image takes a project's extra packages (runners.packages); a runner that
+    # installs them refuses a project that names some where it does not.
+    extra_packages: bool = True
 
     @property
     def checkpoint_file(self):

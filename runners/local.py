@@ -12,6 +12,13 @@ A follower reads `output.log` as it grows and sleeps on inotify between writes (
 line reaches it as soon as a rank prints it, and an idle job costs no 20 ms polling. The
 launcher's end wakes it too (a pidfd, LauncherWatch), so a quiet job is not looked at in between.
 
+A project with extra packages (runners.packages) has them installed before its ranks start, by
+the supervisor (its --install step: a sandbox of its own on the site's install network, as the
+job's user) into an environment shared by every job with the same image and requirements, in
+`envs_dir`; the job's python is that environment's. The follower reports the install's progress
+(Status), and a failed install as the job's end, with the installer's last lines. The job holds
+its GPUs while it installs (only a first job with new requirements installs anything).
+
 Every process of a job carries RINGMASTER_JOB_DIR (its folder) in its environment. cancel() uses
 it to find and kill all of them, including ranks that horovodrun moved into process groups of
 their own, and never another portal's job of the same number.
@@ -27,15 +34,16 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 from inotify_simple import INotify
 from inotify_simple import flags as inotify_flags
 
-from . import artifacts, gpus, launchers, limits, projects, telemetry
+from . import artifacts, gpus, launchers, limits, packages, projects, telemetry
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, GPU_MAP_FILE, HOST_NAME_VAR, HOSTS_FILE,
-                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Waiting)
+                   JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Runner, Started, Status, Waiting)
 from .sandbox import job_uid
 
 # What a job's python may import from Ringmaster (ringmaster_metrics), and nothing else.
@@ -58,6 +66,8 @@ START = JOB_PYTHON / "ringmaster_start.py"
 ENV_FILE = ".ringmaster-env.json"
 # The PATH of the portal's own processes of a job (LocalRunner.portal_environment).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# In the control folder: the supervisor's install step (its plan), and how it goes (its status).
+INSTALL_PLAN, INSTALL_STATUS = "install-plan.json", "install-status.json"
 
 
 class LocalRunner(Runner):
@@ -65,8 +75,14 @@ class LocalRunner(Runner):
     HOSTS = "localhost:{}"
 
     def __init__(self, jobs_dir, poll_interval=0.02, start_timeout=60, kill_grace=10, nvidia_smi="nvidia-smi",
-                 sandbox=None, idle_wake=IDLE_WAKE_SECONDS):
+                 sandbox=None, idle_wake=IDLE_WAKE_SECONDS, envs_dir=None, install_network=None, pip_index_url=""):
         self.jobs_dir = Path(jobs_dir)
+        # Extra packages: the environments' folder (hidden from jobs by the sandbox's `hide`),
+        # the network of the installs' sandbox (runners.sandbox.NETWORKS; None: the jobs'), and
+        # the index pip asks ("": pip's own configuration).
+        self.envs_dir = Path(envs_dir) if envs_dir is not None else self.jobs_dir.parent / "envs"
+        self.install_network = install_network
+        self.pip_index_url = pip_index_url
         self.idle_wake = idle_wake
         self.nvidia_smi = nvidia_smi
         self.sandbox = sandbox                 # runners.sandbox.Sandbox, or None: no isolation
@@ -205,18 +221,24 @@ class LocalRunner(Runner):
             program = launchers.of(spec.launcher).PROGRAM
             if pid_file.exists():
                 return Started(f"{program} already started (pid {pid_file.read_text().split()[0]})", True)
+            image, env = spec, self._environment_of(spec)
+            if env is not None:
+                spec = replace(spec, python=env[1].python)
             argv, files = self.command(spec)
             self._prepare(spec, directory, files)
             supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(control.resolve() / "exit_code")]
             with self._user(directory) as uid, open(control / "output.log", "ab") as output:
                 supervise += limits.supervisor_options(spec, uid is not None, control.resolve() / limits.HIT_FILE)
+                if env is not None:
+                    supervise += ["--install", str(self._install_plan(image, *env, control, uid).resolve())]
                 if self.sandbox:
                     supervise += [*self.sandbox.supervise(), "--",
-                                  *self.sandbox.argv(directory, keep=self._needs(spec), uid=uid)]
+                                  *self.sandbox.argv(directory, keep=self._needs(image), uid=uid,
+                                                     later=(env[1].path,) if env else ())]
                 else:
                     supervise.append("--")
                 process = subprocess.Popen(
-                    [*supervise, *self._start(spec, directory), *argv],
+                    [*supervise, *self._start(image, directory), *argv],
                     cwd=directory, env=self.portal_environment(spec), stdin=subprocess.DEVNULL,
                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
@@ -227,6 +249,45 @@ class LocalRunner(Runner):
             threading.Thread(target=process.wait, daemon=True).start()
             elastic = f", elastic: {spec.min_gpus} to {spec.max_gpus}" if spec.elastic else ""
             return Started(f"{program} started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
+
+    def _environment_of(self, spec):
+        """(Requirements, packages.Environment) of a project with extra packages; None without."""
+        if spec.project is None:
+            return None
+        wanted = (packages.REQUIREMENTS_FILE, packages.PYPROJECT_FILE)
+        reqs = packages.requirements({file.path: file.content for file in projects.unpack(spec.project)
+                                      if file.path in wanted})
+        if reqs is None:
+            return None
+        if not spec.extra_packages:
+            raise packages.BadRequirements(f"the image takes no extra packages, and the project's {reqs.source} "
+                                           f"names {reqs.packages}")
+        python = self._interpreter(spec)
+        if python is None:
+            raise FileNotFoundError(f"the image's interpreter {spec.python} is not on this machine")
+        return reqs, packages.environment(self.envs_dir.resolve(), os.path.abspath(python), reqs, self.pip_index_url)
+
+    def _install_plan(self, image, reqs, env, control, uid):
+        """The supervisor's install step for `env` (runners.supervisor.install), written in the
+        control folder: the installer's sandbox (the site's install network; the environment's
+        folder its only writable place) and where it reports."""
+        self.envs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        requirements_file = "ringmaster-requirements.txt"
+        python = self._interpreter(image)
+        command = [python, "-I", str(packages.INSTALLER), env.path, os.path.join(env.path, requirements_file),
+                   self.pip_index_url]
+        plan = {"env": env.path, "complete": env.complete, "lock": env.lock,
+                "status": str((control / INSTALL_STATUS).resolve()), "owner": uid, "describe": reqs.describe(),
+                "requirements": reqs.text(), "requirements_file": requirements_file, "argv": command}
+        if self.sandbox:
+            sandbox = replace(self.sandbox, network=self.install_network or self.sandbox.network)
+            outbound = sandbox.supervise()
+            plan["argv"] = [*sandbox.argv(env.path, keep=self._needs(image), uid=uid), *command]
+            if outbound:
+                plan.update(outbound=sandbox.pasta, tools={"nsenter": sandbox.nsenter, "ip": sandbox.ip})
+        path = control / INSTALL_PLAN
+        path.write_text(json.dumps(plan))
+        return path
 
     @contextmanager
     def _user(self, directory):
@@ -260,10 +321,14 @@ class LocalRunner(Runner):
                 yield Exited(None, "the job was never started on this machine")
                 return
             yield Waiting(seconds=self.poll_interval)
+        install = InstallWatch(directory)
         with open(log_path, "rb") as log, WriteWatch(directory, self.poll_interval) as watch, \
                 LauncherWatch(directory) as launcher:
             log.seek(offset)
             while True:
+                news = install.news()
+                if news is not None:
+                    yield news
                 data = log.read(READ_CHUNK)
                 if data:
                     yield Output(data, offset)
@@ -283,7 +348,10 @@ class LocalRunner(Runner):
                     offset += len(rest)
                     continue
                 program = launchers.of(spec.launcher).PROGRAM
-                if code is None:
+                failed = install.failure()
+                if failed is not None:
+                    yield Exited(code, *failed)
+                elif code is None:
                     yield Exited(None, f"{program} stopped without reporting an exit code")
                 else:
                     hit, rlimits = limits.reported(directory / limits.HIT_FILE)
@@ -328,6 +396,43 @@ class LocalRunner(Runner):
             self._signal_all(alive, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=1)
         raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")
+
+
+class InstallWatch:
+    """How the supervisor's install of a job's extra packages goes (its status file in the
+    control folder): news() is a Status for each new state, None without news; failure() the
+    (detail, cause) of an install that failed, with the installer's last lines."""
+
+    def __init__(self, directory):
+        self.path, self.shown, self.done = directory / INSTALL_STATUS, None, False
+        try:
+            self.describe = json.loads((directory / INSTALL_PLAN).read_text())["describe"]
+        except (FileNotFoundError, ValueError, KeyError):
+            self.done = True                    # no install for this job
+        self.last = {}
+
+    def _read(self):
+        try:
+            self.last = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            pass
+        return self.last.get("state")
+
+    def news(self):
+        if self.done:
+            return None
+        state = self._read()
+        if state in ("cached", "installed", "failed"):
+            self.done = True
+        if state is None or state == self.shown or state == "failed":
+            return None
+        self.shown = state
+        return Status(packages.status_message(state, self.describe))
+
+    def failure(self):
+        if self._read() != "failed":
+            return None
+        return packages.status_message("failed", self.describe), " / ".join(self.last.get("lines", []))
 
 
 class WriteWatch:

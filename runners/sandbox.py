@@ -65,7 +65,7 @@ class Sandbox:
                                "(apt-get install passt)")
         return ["--outbound", self.pasta, "--nsenter", self.nsenter, "--ip", self.ip]
 
-    def argv(self, job_dir, keep=(), uid=None):
+    def argv(self, job_dir, keep=(), uid=None, later=()):
         """bwrap's options for a job in `job_dir`, up to and including the `--` before its command;
         `keep`: folders the job needs (its interpreter's installation, what it may import of
         Ringmaster) shown read-only even where they lie in a hidden place (a checkout under
@@ -73,7 +73,9 @@ class Sandbox:
         sandbox keeps only the capability to switch to it, which setpriv gives up before the
         job's first instruction (bwrap sets no_new_privs, so no setuid program gives it back),
         and folders on the way to its own that this user could not pass (a checkout under
-        /root) are replaced by empty ones holding only what is shown again.
+        /root) are replaced by empty ones holding only what is shown again. `later`: folders
+        shown read-only like `keep`'s that may be made only after this argv (a project's
+        environment of extra packages, which the supervisor installs before bwrap starts).
 
         The command after the `--` starts as the job (its user where `uid` is given) with the
         environment bwrap was given, which is the fixed one of the portal's own processes: it
@@ -95,7 +97,7 @@ class Sandbox:
             argv += ["--dev-bind", device, device]
         hidden = ["/tmp"]
         if uid is not None:
-            for folder in closed_on_the_way([job_dir, *keep]):
+            for folder in closed_on_the_way([job_dir, *keep, *later]):
                 if not any(Path(folder).is_relative_to(h) for h in hidden):
                     argv += ["--tmpfs", folder]
                     hidden.append(folder)
@@ -119,6 +121,7 @@ class Sandbox:
         shown = [str(folder) for folder in keep
                  # Never a folder that holds something hidden ("/" for a python in /bin): that would show it again.
                  if Path(folder).is_dir() and not any(Path(h).is_relative_to(folder) for h in hidden)]
+        shown += [str(folder) for folder in later if not any(Path(h).is_relative_to(folder) for h in hidden)]
         if uid is not None:
             # bwrap makes the folders on the way to what it shows again 0700: its user could not pass.
             argv += [option for folder in passable_on_the_way([*shown, job_dir], hidden)

@@ -7,7 +7,7 @@ NSENTER --ip IP] -- ARGV`, outside the sandbox, as the portal's user (root where
 users of their own), with the job's output as stdout and the fixed environment of the portal's
 own processes (runners.local.portal_environment: none of the variables the job's user set, but
 the job's folder, by which cancel finds it). Every tool it runs is named by its absolute path.
-It imports nothing but the standard library and never prints.
+It imports nothing but the standard library and prints only why a step of its own failed.
 
 - ARGV is bubblewrap's command line for the job (runners.sandbox). With --outbound, bubblewrap
   is asked for the pid of the sandbox (--info-fd) and to hold the job (--block-fd) until the
@@ -29,17 +29,33 @@ It imports nothing but the standard library and never prints.
   pids.events "max", or its OOM kills), a line "processes N" or "memory MIB" each, and which
   limits rlimits held, "rlimit processes N" or "rlimit memory MIB" (the job's lines tell whether
   it ran into them).
+- With `--install PLAN` (a JSON file in the control folder, runners.local), the project's extra
+  packages are installed first (install). Their environment (runners.packages.Environment) is
+  shared by every job with the same image and requirements: under a lock of its own, one that is
+  complete is used as it is ("cached"); else what is there (an install cut short) is removed, the
+  folder made anew and handed to the job's user, and the plan's sandbox (PLAN's argv: bubblewrap
+  on the site's install network, the folder its only writable place, running
+  job_python/ringmaster_install.py as the job) installs into it. Once it succeeds the folder is
+  given to the portal's user and made read-only, and only then marked complete, by a file
+  beside it that no job can write. The step's progress goes to PLAN's status file (a JSON
+  object: state, and the installer's last lines where it failed) for runners.local's follow,
+  and the installer's output to the job's. A failed install ends the job with the installer's
+  exit code before its sandbox starts.
 """
 import argparse
+import collections
+import fcntl
 import ipaddress
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SETUP_SECONDS = 10
@@ -301,17 +317,19 @@ def write(path, text):
         out.write(text)
 
 
-def run(argv, pasta=None, limits=None):
+def run(argv, pasta=None, limits=None, stdout=None):
     """Run bubblewrap's `argv`; with `pasta`, connected to the outside first; within `limits`
-    (Limits). Its exit code."""
+    (Limits). Its exit code. `stdout`: a descriptor for its output (and errors) instead of this
+    process's."""
     enter = limits.enter if limits is not None else None
+    streams = {} if stdout is None else {"stdout": stdout, "stderr": stdout}
     if pasta is None:
-        return subprocess.run(argv, preexec_fn=enter).returncode
+        return subprocess.run(argv, preexec_fn=enter, **streams).returncode
     info_read, info_write = os.pipe()
     block_read, block_write = os.pipe()
     separator = argv.index("--")
     argv = [*argv[:separator], "--info-fd", str(info_write), "--block-fd", str(block_read), *argv[separator:]]
-    job = subprocess.Popen(argv, pass_fds=(info_write, block_read), preexec_fn=enter)
+    job = subprocess.Popen(argv, pass_fds=(info_write, block_read), preexec_fn=enter, **streams)
     os.close(info_write)
     os.close(block_read)
     network, sandbox = None, None
@@ -340,9 +358,128 @@ def run(argv, pasta=None, limits=None):
                 network.kill()
 
 
+# The installer's last lines kept for the job's reason when it fails.
+TAIL_LINES, TAIL_CHARS = 8, 300
+LOCK_POLL_SECONDS = 0.2
+# Set by SIGTERM (a cancel): a wait for another job's install gives up.
+STOPPING = threading.Event()
+
+
+def report(path, state, **more):
+    """The install's state, for the job's follower (written whole: a new file renamed over)."""
+    with open(path + ".tmp", "w") as out:
+        json.dump({"state": state, **more}, out)
+    os.rename(path + ".tmp", path)
+
+
+def _locked(path, waiting):
+    """The lock file `path`, held (None: a cancel came while another job held it); `waiting()`
+    is called once if another job holds it now."""
+    handle = open(path, "a")
+    told = False
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if not told:
+                waiting()
+                told = True
+            if STOPPING.wait(LOCK_POLL_SECONDS):
+                handle.close()
+                return None
+
+
+def _copy(source, tail):
+    """Copy the installer's output to this process's (the job's output), keeping its last lines."""
+    pending = b""
+    with os.fdopen(source, "rb") as stream:
+        while chunk := stream.read1(1 << 16):
+            os.write(1, chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            tail.extend(line.decode(errors="replace").rstrip() for line in lines if line.strip())
+    if pending.strip():
+        tail.append(pending.decode(errors="replace").rstrip())
+
+
+def _hand_over(folder, uid):
+    """Every file under `folder` (not following links) to `uid` (None: left as they are), and
+    none of them writable."""
+    for parent, folders, files in os.walk(folder):
+        for name in [None, *folders, *files]:
+            path = parent if name is None else os.path.join(parent, name)
+            info = os.lstat(path)
+            if uid is not None:
+                os.lchown(path, uid, os.getegid())
+            if not os.path.islink(path):
+                os.chmod(path, info.st_mode & 0o7555)
+
+
+def _remove(folder):
+    """Remove what an install cut short left (made read-only where it was cut after the install)."""
+    if not os.path.lexists(folder):
+        return
+    for parent, folders, _ in os.walk(folder):
+        for name in [None, *folders]:
+            path = parent if name is None else os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+    shutil.rmtree(folder)
+
+
+def install(plan, limits=None):
+    """The plan's environment made ready (0), or the installer's exit code (run within `limits`)."""
+    status, env, owner = plan["status"], plan["env"], plan["owner"]
+    TOOLS.update(plan.get("tools", {}))
+    if os.path.exists(plan["complete"]):
+        report(status, "cached")
+        return 0
+    lock = _locked(plan["lock"], lambda: report(status, "waiting"))
+    if lock is None:
+        report(status, "failed", lines=["cancelled while waiting for another job's install"])
+        return 143
+    with lock:
+        if os.path.exists(plan["complete"]):
+            report(status, "cached")
+            return 0
+        report(status, "installing")
+        _remove(env)
+        os.mkdir(env, 0o755)
+        requirements = os.path.join(env, plan["requirements_file"])
+        with open(requirements, "w") as out:
+            out.write(plan["requirements"])
+        if owner is not None:
+            os.chown(env, owner, owner)
+            os.chown(requirements, owner, owner)
+        tail = collections.deque(maxlen=TAIL_LINES)
+        read_fd, write_fd = os.pipe()
+        copier = threading.Thread(target=_copy, args=(read_fd, tail))
+        copier.start()
+        try:
+            code = run(plan["argv"], plan.get("outbound"), limits, stdout=write_fd)
+        finally:
+            os.close(write_fd)
+            copier.join()
+        if code != 0:
+            _remove(env)
+            lines = list(tail)
+            while len(" / ".join(lines)) > TAIL_CHARS and len(lines) > 1:
+                lines.pop(0)
+            report(status, "failed", code=code, lines=lines)
+            print(f"ringmaster: the installer exited with code {code}; the job was not started", flush=True)
+            return code
+        _hand_over(env, os.geteuid() if owner is not None else None)
+        with open(plan["complete"] + ".tmp", "w") as out:
+            json.dump({"requirements": plan["requirements"]}, out)
+        os.rename(plan["complete"] + ".tmp", plan["complete"])
+        report(status, "installed")
+        return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--exit-code", required=True)
+    parser.add_argument("--install", metavar="PLAN")
     parser.add_argument("--outbound", metavar="PASTA")
     parser.add_argument("--nsenter", default=TOOLS["nsenter"])
     parser.add_argument("--ip", default=TOOLS["ip"])
@@ -358,11 +495,16 @@ def main():
     # A cancel sends SIGTERM to every process of the job, this one included: it outlives the
     # sandbox, to end pasta and record the exit code. (A handler, not SIG_IGN, which the sandbox
     # would inherit.)
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: STOPPING.set())
     limits = Limits(options.cgroup, options.max_processes, options.memory_mib, options.own_uid)
     limits.make()
     try:
-        code = run(argv, options.outbound, limits)
+        code = 0
+        if options.install:                 # the installer runs code of the project's packages: within the limits too
+            with open(options.install) as plan:
+                code = install(json.load(plan), limits)
+        if code == 0:
+            code = run(argv, options.outbound, limits)
     finally:
         said = [f"{kind} {limit}\n" for kind, limit in limits.hit()] + \
             [f"rlimit {kind} {limit}\n" for kind, limit in limits.rlimits()]

@@ -446,9 +446,10 @@ def admit_from_threads(count=8, join_timeout=60):
     return admitted, errors
 
 
-def run_to_end(runner, spec):
-    """Launch a job with a runner and follow it to its end: (lines, the Exited event)."""
-    from runners.base import Exited, Output, waited
+def run_to_end(runner, spec, statuses=None):
+    """Launch a job with a runner and follow it to its end: (lines, the Exited event); the
+    reasons of its Status events are appended to `statuses` where given."""
+    from runners.base import Exited, Output, Status, waited
     from runners.output import OutputSplitter
 
     runner.launch(spec)
@@ -456,6 +457,8 @@ def run_to_end(runner, spec):
     for event in waited(runner.follow(spec, 0)):
         if isinstance(event, Output):
             lines.extend(splitter.feed(event.data))
+        elif isinstance(event, Status) and statuses is not None:
+            statuses.append(event.reason)
         elif isinstance(event, Exited):
             exited = event
             break

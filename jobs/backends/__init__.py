@@ -95,6 +95,7 @@ def job_spec(job):
         project=bytes(job.project.archive) if job.project_id else None,
         max_processes=max_processes,
         memory_mib=memory_mib,
+        extra_packages=job.image.extra_packages,
     )
 
 

@@ -24,9 +24,10 @@ _cache, _cache_lock = {}, threading.Lock()
 
 
 def job_sandbox():
-    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data, jobs and
-    artifacts folders, on the network RINGMASTER_JOB_NETWORK says."""
-    hidden = (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR, settings.RINGMASTER_ARTIFACTS_DIR)
+    """The sandbox of local jobs (RINGMASTER_LOCAL_SANDBOX), hiding the portal's data, jobs,
+    artifacts and environments folders, on the network RINGMASTER_JOB_NETWORK says."""
+    hidden = (settings.DATA_DIR, settings.RINGMASTER_JOBS_DIR, settings.RINGMASTER_ARTIFACTS_DIR,
+              settings.RINGMASTER_ENVS_DIR)
     return sandbox.find(settings.RINGMASTER_LOCAL_SANDBOX, hidden,
                         os.path.expanduser("~"), settings.RINGMASTER_JOB_NETWORK)
 
@@ -179,4 +180,6 @@ class LocalBackend(Backend):
 
     def runner(self, job):
         return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI,
-                           sandbox=job_sandbox())
+                           sandbox=job_sandbox(), envs_dir=settings.RINGMASTER_ENVS_DIR,
+                           install_network=settings.RINGMASTER_INSTALL_NETWORK,
+                           pip_index_url=settings.RINGMASTER_PIP_INDEX_URL)

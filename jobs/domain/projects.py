@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from jobs.models import Project
-from runners import projects
+from runners import packages, projects
 from runners.projects import BadProject  # noqa: F401  (callers catch it from here)
 
 MB = 1 << 20
@@ -40,6 +40,29 @@ def entry_point_problem(project, entry_point):
     """Why the job cannot start at `entry_point` in `project` (None: it can)."""
     return projects.entry_point_problem(
         [projects.File(item["path"], b"") for item in project.listing], entry_point)
+
+
+def requirements(project):
+    """The project's extra packages (runners.packages.Requirements; None: it names none);
+    packages.BadRequirements names the line that is refused."""
+    wanted = {packages.REQUIREMENTS_FILE, packages.PYPROJECT_FILE} & {item["path"] for item in project.listing}
+    if not wanted:
+        return None
+    return packages.requirements({file.path: file.content for file in projects.unpack(bytes(project.archive))
+                                  if file.path in wanted})
+
+
+def requirements_problem(project, image):
+    """Why the project's extra packages cannot be installed on `image` (None: they can, or it
+    names none)."""
+    try:
+        reqs = requirements(project)
+    except packages.BadRequirements as exc:
+        return str(exc)
+    if reqs is not None and not image.extra_packages:
+        return (f"The image {image.name} takes no extra packages, and the project's {reqs.source} names "
+                f"{reqs.packages}: pick another image, or leave them out.")
+    return None
 
 
 def clean_entry_point(entry_point):

@@ -9,4 +9,4 @@ register = template.Library()
 
 @register.simple_tag
 def site_warnings():
-    return checks.job_network_is_known_and_safe(None)
+    return checks.job_network_is_known_and_safe(None) + checks.install_network_is_known_and_safe(None)

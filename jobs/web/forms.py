@@ -469,6 +469,9 @@ class JobForm(forms.Form):
             self.add_error("entry_point", problem)
         else:
             data["entry_point"] = projects.clean_entry_point(entry)
+        image = data.get("image")
+        if image is not None and (problem := projects.requirements_problem(project, image)):
+            self.add_error("project", problem)
 
     def _has_upload(self):
         return False
