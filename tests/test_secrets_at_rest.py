@@ -136,7 +136,7 @@ def test_the_admins_password_goes_to_a_private_file_and_the_terminal_only(portal
 @pytest.mark.django_db
 def test_tokens_stored_in_plain_text_are_migrated_to_digests_and_keep_working(alice):
     """What DRF's authtoken table held (that app is no longer installed)."""
-    migration = importlib.import_module("jobs.migrations.0022_api_token_digest")
+    migration = importlib.import_module("jobs.migrations.0024_api_token_digest")
     key = "0123456789abcdef0123456789abcdef01234567"
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamp with time zone "
