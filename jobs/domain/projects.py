@@ -3,11 +3,16 @@ owner by digest, and read back file by file for the job page and the API."""
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from jobs.domain import sourcecheck
 from jobs.models import Project
 from runners import projects
 from runners.projects import BadProject  # noqa: F401  (callers catch it from here)
 
 MB = 1 << 20
+# Reports of (snapshot, entry point): the same files always give the same one, and a study or a
+# rerun submits the same snapshot again and again.
+_reports = {}
+REPORTS_KEPT = 64
 
 
 def limits():
@@ -40,6 +45,25 @@ def entry_point_problem(project, entry_point):
     """Why the job cannot start at `entry_point` in `project` (None: it can)."""
     return projects.entry_point_problem(
         [projects.File(item["path"], b"") for item in project.listing], entry_point)
+
+
+def source_report(project, entry_point):
+    """sourcecheck's Report of the project run from `entry_point` (a path of its listing): what
+    does not compile, and the launcher its code asks for."""
+    key = (project.sha256, entry_point)
+    report = _reports.get(key)
+    if report is None:
+        files = {file.path: file.content for file in projects.unpack(bytes(project.archive))}
+        report = sourcecheck.report(files, entry_point)
+        while len(_reports) >= REPORTS_KEPT:
+            _reports.pop(next(iter(_reports)))
+        _reports[key] = report
+    return report
+
+
+def script_report(name, content):
+    """sourcecheck's Report of a one-file script (its text)."""
+    return sourcecheck.report({name: content.encode()}, name)
 
 
 def clean_entry_point(entry_point):
