@@ -1,5 +1,7 @@
 """Projects a user uploads as an archive: read as untrusted (runners.projects), kept once per
 owner by digest, and read back file by file for the job page and the API."""
+import threading
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -12,6 +14,7 @@ MB = 1 << 20
 # Reports of (snapshot, entry point): the same files always give the same one, and a study or a
 # rerun submits the same snapshot again and again.
 _reports = {}
+_reports_lock = threading.Lock()
 REPORTS_KEPT = 64
 
 
@@ -55,9 +58,10 @@ def source_report(project, entry_point):
     if report is None:
         files = {file.path: file.content for file in projects.unpack(bytes(project.archive))}
         report = sourcecheck.report(files, entry_point)
-        while len(_reports) >= REPORTS_KEPT:
-            _reports.pop(next(iter(_reports)))
-        _reports[key] = report
+        with _reports_lock:
+            while len(_reports) >= REPORTS_KEPT:
+                _reports.pop(next(iter(_reports)))
+            _reports[key] = report
     return report
 
 
