@@ -335,6 +335,8 @@ def cmd_submit(client, args):
     if args.note is not None:
         body["note"] = args.note
     job = client.request("POST", "/api/jobs/", expect=(201,), json=body)
+    for warning in job.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if args.quiet:
         print(job["id"], flush=True)
     else:

@@ -94,6 +94,11 @@ class JobSpec:
         """RINGMASTER_GPU_MAP's value for hosts named as horovodrun names them (in host order)."""
         return gpu_map_value(dict(zip(host_names, self.gpu_binding)))
 
+    def world_size_env(self):
+        """{RINGMASTER_WORLD_SIZE: the number of ranks} for a job of one size, which its rank
+        launcher holds the world its script makes to; {} for an elastic job, whose size changes."""
+        return {} if self.elastic else {WORLD_SIZE_VAR: str(self.gpus)}
+
     def gpu_env(self, host_names):
         """{RINGMASTER_GPU_MAP: ...} for hosts named as horovodrun's -H names them (in host
         order), or {} for a job that owns no GPUs. An elastic job's GPUs change while it runs:
@@ -108,6 +113,8 @@ class JobSpec:
 RANK_MODULE = "ringmaster_rank"
 ARGV_FILE = "argv.json"
 GPU_MAP = "RINGMASTER_GPU_MAP"
+# A job's ranks: the rank launcher stops a rank whose script makes a world of another size.
+WORLD_SIZE_VAR = "RINGMASTER_WORLD_SIZE"
 GPU_MAP_FILE_VAR, GPU_MAP_FILE = "RINGMASTER_GPU_MAP_FILE", "gpu_map"
 # Elastic jobs: horovodrun asks this script in the job folder which hosts and slots the job has
 # now; it prints HOSTS_FILE, which the portal rewrites on every resize (Runner.resize).

@@ -739,6 +739,17 @@ def exception_line(after_traceback: list[str]) -> str | None:
     return found
 
 
+# What the rank launcher (job_python/ringmaster_rank.py) raises where the world a script's ranks
+# make is not the job's (a Horovod script under torchrun): its message is the whole reason.
+WORLD_SIZE_MISMATCH = "WorldSizeMismatch"
+
+
+def world_size_mismatch(text: str) -> str | None:
+    """The message of a rank's ``WorldSizeMismatch: this job has 2 ranks but ...``, else None."""
+    name, _, message = text.partition(":")
+    return message.strip() if name.rsplit(".", 1)[-1] == WORLD_SIZE_MISMATCH and message.strip() else None
+
+
 def exception_name(text: str) -> str:
     """``HorovodInternalError`` of ``horovod.common.exceptions.HorovodInternalError: ...``."""
     return text.split(":", 1)[0].rsplit(".", 1)[-1]

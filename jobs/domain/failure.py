@@ -4,15 +4,16 @@ been shut down") and horovodrun may name process 0; the reason names rank 1 and 
 and says what the others then did: `rank 1: RuntimeError: boom (rank 0 then stopped:
 HorovodInternalError)`. A rank killed by a signal (the OOM killer's SIGKILL) says so, and so does
 a job that ran into its limit of processes or memory (runners.limits): as the runner saw it (a
-cgroup's count), or as the job's own lines show it. Shared by every backend: it reads the
-stored, per-rank log."""
+cgroup's count), or as the job's own lines show it. A rank that the rank launcher stopped because
+its script made a world of another size than the job's (a Horovod script under torchrun) gives its
+message alone, whatever the others did. Shared by every backend: it reads the stored, per-rank log."""
 from datetime import timedelta
 
 from jobs.domain import accounting
 from jobs.domain.logstore import last_lines
 from jobs.models import LogLine
 from runners.limits import printed_hit
-from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit
+from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit, world_size_mismatch
 
 LINES_AFTER_TRACEBACK = 400        # a traceback longer than this is read no further
 OTHERS_SHOWN = 3
@@ -60,8 +61,12 @@ def describe(job, exited):
     errors = rank_errors(job)
     explained = exited.cause or limit_hit(job, errors, exited.rlimits)
     cause = f" ({explained})" if explained else ""
-    first = next(((rank, line) for rank, line in errors if not is_secondary(line)), None)
     code = job.exit_code if job.exit_code is not None else exited.code
+    wrong_world = next(((rank, world_size_mismatch(line)) for rank, line in errors if world_size_mismatch(line)), None)
+    if wrong_world is not None:                     # the launcher does not fit the script
+        rank, message = wrong_world
+        return {"exit_code": code, "failed_rank": rank, "reason": message[:500]}
+    first = next(((rank, line) for rank, line in errors if not is_secondary(line)), None)
     if first is not None:                           # a rank raised, and not because another one did
         rank, line = first
         reason = f"rank {rank}: {line}{cause}{_then(errors, rank)}"

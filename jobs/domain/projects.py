@@ -1,13 +1,21 @@
 """Projects a user uploads as an archive: read as untrusted (runners.projects), kept once per
 owner by digest, and read back file by file for the job page and the API."""
+import threading
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from jobs.domain import sourcecheck
 from jobs.models import Project
 from runners import packages, projects
 from runners.projects import BadProject  # noqa: F401  (callers catch it from here)
 
 MB = 1 << 20
+# Reports of (snapshot, entry point): the same files always give the same one, and a study or a
+# rerun submits the same snapshot again and again.
+_reports = {}
+_reports_lock = threading.Lock()
+REPORTS_KEPT = 64
 
 
 def limits():
@@ -63,6 +71,26 @@ def requirements_problem(project, image):
         return (f"The image {image.name} takes no extra packages, and the project's {reqs.source} names "
                 f"{reqs.packages}: pick another image, or leave them out.")
     return None
+
+
+def source_report(project, entry_point):
+    """sourcecheck's Report of the project run from `entry_point` (a path of its listing): what
+    does not compile, and the launcher its code asks for."""
+    key = (project.sha256, entry_point)
+    report = _reports.get(key)
+    if report is None:
+        files = {file.path: file.content for file in projects.unpack(bytes(project.archive))}
+        report = sourcecheck.report(files, entry_point)
+        with _reports_lock:
+            while len(_reports) >= REPORTS_KEPT:
+                _reports.pop(next(iter(_reports)))
+            _reports[key] = report
+    return report
+
+
+def script_report(name, content):
+    """sourcecheck's Report of a one-file script (its text)."""
+    return sourcecheck.report({name: content.encode()}, name)
 
 
 def clean_entry_point(entry_point):

@@ -33,7 +33,8 @@ def visible_scripts(user):
 def submit(user, form, parent=None, checkpoint=""):
     """Create a QUEUED job from a valid JobForm and ask the scheduler to look at it. `parent`:
     the job it reruns, one the user can see (the rerun view's; the page form cleans its own);
-    `checkpoint`: the parent's artifact it starts from (RINGMASTER_CHECKPOINT)."""
+    `checkpoint`: the parent's artifact it starts from (RINGMASTER_CHECKPOINT). The form's
+    warnings (what the job is created despite) are events of the job, after its first."""
     fields = form.job_fields()
     if parent is not None:
         fields["parent"] = parent
@@ -46,6 +47,8 @@ def submit(user, form, parent=None, checkpoint=""):
         job = Job.objects.create(owner=user, state=State.QUEUED, **Wait("scheduler").stored(), **fields)
         backends.of(job).record(job, form.cleaned_data)
         states.submitted(job, by=user)
+        for warning in form.warnings:
+            states.note(job.pk, f"Warning: {warning}")
         taskqueue.wake_scheduler()
     return job
 

@@ -14,7 +14,8 @@ from jobs.models import Image, MetricPoint, State
 from jobs.web import params as params_
 from jobs.web.parsers import JSONParser
 from jobs.web.serializers import (
-    DetailSerializer, ErrorsSerializer, ImageSerializer, JobCreateRequest, JobDetailSerializer, JobPageSerializer,
+    DetailSerializer, ErrorsSerializer, ImageSerializer, JobCreatedSerializer, JobCreateRequest, JobDetailSerializer,
+    JobPageSerializer,
     JobSerializer, JobUpdateRequest, LogLineSerializer, LogPageSerializer, MetricsSerializer, QuotaSerializer, ScriptSerializer,
     ScriptUploadRequest, rank_label,
 )
@@ -101,15 +102,19 @@ class JobList(APIView):
         page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(JobSerializer(page, many=True, context={"request": request}).data)
 
-    @extend_schema(request=JobCreateRequest, responses={201: JobSerializer, 400: ErrorsSerializer, **REFUSED})
+    @extend_schema(request=JobCreateRequest, responses={201: JobCreatedSerializer, 400: ErrorsSerializer, **REFUSED})
     def post(self, request):
+        """Submit a job. Its Python (a script, or every .py file of a project) must compile: each
+        file and line that does not is a 400 on the field that gave it. `warnings` says what the
+        job is created despite (a script written for the other launcher)."""
         if not hasattr(request.data, "get"):
             return Response({"non_field_errors": ["Send a JSON object."]}, status=status.HTTP_400_BAD_REQUEST)
         form = JobForm(data=request.data, user=request.user)
         if not form.is_valid():
             return Response(form_errors(form), status=status.HTTP_400_BAD_REQUEST)
         job = services.submit(request.user, form)
-        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+        return Response(JobCreatedSerializer(job, context={"request": request, "warnings": form.warnings}).data,
+                        status=status.HTTP_201_CREATED)
 
 
 class JobDetail(APIView):

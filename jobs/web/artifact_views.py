@@ -58,4 +58,6 @@ def rerun_from_checkpoint(request, job_id):
         return redirect("job-detail", job_id=job.pk)
     new = services.submit(request.user, form, parent=job, checkpoint=checkpoint)
     messages.success(request, f"Job {new.pk} starts from {checkpoint} of job {job.pk}.")
+    for warning in form.warnings:
+        messages.warning(request, warning)
     return redirect("job-detail", job_id=new.pk)

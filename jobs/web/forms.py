@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from jobs import backends
-from jobs.domain import projects, quotas
+from jobs.domain import projects, quotas, sourcecheck
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
 from jobs.models import Image
@@ -278,9 +278,14 @@ class JobForm(forms.Form):
                   "RINGMASTER_OUTPUT_DIR, e.g. *.pt; a rerun from checkpoint gets the newest in "
                   "RINGMASTER_CHECKPOINT.")
 
+    # The fields that give the job's Python, in the order their source is looked at for warnings.
+    SOURCE_FIELDS = ("entry_point", "script_file", "uploaded_script", "script")
+
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
+        self.source_reports = {}     # field -> sourcecheck.Report of the Python it gives
+        self.warnings = []           # what the job is created despite (launcher_warning), once valid
         self.backend_fields = set()              # the enabled backends' own (Backend.api_fields)
         for backend in backends.enabled():
             for name, field in backend.api_fields().items():
@@ -310,7 +315,15 @@ class JobForm(forms.Form):
         script = visible_scripts(self.user).filter(pk=script_id).first()
         if script is None:
             raise forms.ValidationError(f"No script with id {script_id}. Upload it first (POST /api/scripts/).")
+        self.check_source("script", projects.script_report(script.name, script.content))
         return script
+
+    def check_source(self, field, report):
+        """Keep the report of the Python that `field` gives; a ValidationError naming each file
+        and line that does not compile."""
+        if report.problems:
+            raise forms.ValidationError(sourcecheck.problem_text(report))
+        self.source_reports[field] = report
 
     def clean_project(self):
         project_id = self.cleaned_data["project"]
@@ -416,6 +429,8 @@ class JobForm(forms.Form):
             problem = quotas.refusal(self.user, data.get("group"), backend.name, gpus)
             if problem:
                 self.add_error("gpus", problem)
+        if not self.errors:
+            self._warn(data)
         return data
 
     def _clean_backend_fields(self, backend, data):
@@ -467,11 +482,25 @@ class JobForm(forms.Form):
         problem = projects.entry_point_problem(project, entry)
         if problem:
             self.add_error("entry_point", problem)
-        else:
-            data["entry_point"] = projects.clean_entry_point(entry)
+            return
+        data["entry_point"] = projects.clean_entry_point(entry)
+        try:
+            self.check_source("entry_point", projects.source_report(project, data["entry_point"]))
+        except forms.ValidationError as exc:
+            self.add_error("entry_point", exc)
         image = data.get("image")
         if image is not None and (problem := projects.requirements_problem(project, image)):
             self.add_error("project", problem)
+
+    def _warn(self, data):
+        """What the job is created despite: a script written for another launcher than its own."""
+        given = [field for field in self.SOURCE_FIELDS if field in self.source_reports]
+        report = self.source_reports[given[0]] if given else None
+        if report is None:                     # a script inside the image: not read
+            return
+        checked = data["gpus"] > 1 and not data.get("max_gpus")       # runners.base.JobSpec.world_size_env
+        warning = sourcecheck.launcher_warning(report, data["launcher"], checked)
+        self.warnings = [warning] if warning else []
 
     def _has_upload(self):
         return False

@@ -126,6 +126,7 @@ class JobPageForm(JobForm):
         self.kept_script = Script.objects.filter(owner=self.user, pk=pk).only("pk", "name").first()
         if self.kept_script is None:
             raise forms.ValidationError(GONE)
+        self.check_source("uploaded_script", projects.script_report(self.kept_script.name, self.kept_script.content))
         return self.kept_script
 
     def clean_parent(self):
@@ -193,4 +194,6 @@ class JobPageForm(JobForm):
         upload_form = ScriptUploadForm(files={"file": upload})
         if not upload_form.is_valid():
             raise forms.ValidationError(upload_form.errors["file"])
-        return upload_form.cleaned_data["file"]
+        script = upload_form.cleaned_data["file"]
+        self.check_source("script_file", projects.script_report(script["name"], script["content"]))
+        return script

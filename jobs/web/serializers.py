@@ -147,6 +147,20 @@ class JobSerializer(serializers.ModelSerializer):
         return request.build_absolute_uri(path) if request else path
 
 
+class JobCreatedSerializer(JobSerializer):
+    """POST /api/jobs/'s answer: the job, and what it was created despite."""
+
+    warnings = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = JobSerializer.Meta.fields + ["warnings"]
+
+    def get_warnings(self, job) -> list[str]:
+        """What the job was created despite, e.g. a Horovod script under torchrun (also one of its
+        events, "Warning: ..."); empty where nothing."""
+        return list(self.context.get("warnings", []))
+
+
 TAGS_HELP = (f"Labels to find the job by (GET /api/jobs/?tag=): at most {forms.MAX_TAGS}, each 1 to "
              f"{forms.MAX_TAG_CHARS} characters, no commas; runs of whitespace become one space, "
              "duplicates are dropped.")

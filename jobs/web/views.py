@@ -25,6 +25,8 @@ def job_new(request):
         if form.is_valid():
             job = services.submit(request.user, form)
             messages.success(request, f"Job {job.pk} submitted.")
+            for warning in form.warnings:
+                messages.warning(request, warning)
             return redirect("job-detail", job_id=job.pk)
         upload = form.cleaned_data.get("script_file")
         if upload and "script" not in form.errors:    # kept: correcting another field needs no new upload
@@ -195,6 +197,8 @@ def job_rerun(request, job_id):
         return redirect("job-detail", job_id=job.pk)
     new = services.submit(request.user, form, parent=job)
     messages.success(request, f"Job {new.pk} submitted with the settings of job {job.pk}.")
+    for warning in form.warnings:
+        messages.warning(request, warning)
     return redirect("job-detail", job_id=new.pk)
 
 

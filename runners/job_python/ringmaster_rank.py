@@ -28,7 +28,18 @@ reads the worker's stdout and stderr through pipes, so that the lines of C code,
 processes and of a crash are prefixed too and nothing is lost when the worker dies. The script
 runs in this process under torch.distributed.elastic's `record`, which writes the worker's
 error file (TORCHELASTIC_ERROR_FILE): torchrun names the first failure from those files.
+
+A job of one size tells its ranks how many it has (RINGMASTER_WORLD_SIZE), and its script then
+runs in this process with hvd.init() and torch.distributed.init_process_group() watched: where
+the world they make is not the job's, the rank stops with WorldSizeMismatch, a plain message
+that runners.output and the job's reason know. A Horovod script under torchrun makes a world of
+1 on each rank (hvd.init() finds no horovodrun), and a torchrun script under horovodrun finds no
+RANK or WORLD_SIZE (or, where it sets them itself, a world of 1): without the check such a job
+ends well, each of its ranks having trained alone. Each hook is set once its module is imported
+by the script (AfterImport), so a script that imports neither pays for neither.
 """
+import functools
+import importlib.abc
 import json
 import os
 import runpy
@@ -48,6 +59,12 @@ OUTPUT_DIR = "RINGMASTER_OUTPUT_DIR"
 # A job that runs a project: the project's folder (runners.projects), the rank's working
 # directory, where its entry point's path starts.
 PROJECT_DIR = "RINGMASTER_PROJECT_DIR"
+# The number of ranks of a job of one size (runners.base.WORLD_SIZE_VAR); unset: not checked.
+WORLD_SIZE = "RINGMASTER_WORLD_SIZE"
+
+
+class WorldSizeMismatch(Exception):
+    """The script's ranks did not make the job's world (its name: runners.output.WORLD_SIZE_MISMATCH)."""
 
 
 def indices_for(mapping, host):
@@ -106,6 +123,114 @@ def always_sync_after_a_reset():
         original(self, False)
 
     interrupt.__init__ = __init__
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls hooks[name](module) once the module `name` is imported, whoever imports it: first on
+    sys.meta_path, it finds the module through the finders after it, and runs the hook after the
+    module's own code."""
+
+    def __init__(self, hooks):
+        self.hooks = dict(hooks)
+
+    def find_spec(self, name, path=None, target=None):
+        hook = self.hooks.pop(name, None)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _HookedLoader(spec.loader, hook)
+                    return spec
+                if spec is not None:
+                    return spec
+        return None
+
+
+class _HookedLoader:
+    """The module's own loader (every attribute its), whose exec_module then calls the hook."""
+
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.hook(module)
+
+
+def mismatch(expected, what, size=None):
+    """The plain words of a world that is not the job's: `what` made a world of `size` ranks
+    (None: it could not start one), under the launcher the environment tells."""
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    under_horovodrun = "HOROVOD_RANK" in os.environ
+    seen = f"saw a world of {size}" if size is not None else \
+        "found no RANK or WORLD_SIZE, which torchrun sets and horovodrun does not"
+    hint = ""
+    if what == "hvd.init()" and under_torchrun:
+        hint = ": a Horovod script under torchrun? Pick the Horovod launcher"
+    elif what != "hvd.init()" and under_horovodrun:
+        hint = ": a torchrun script under horovodrun? Pick the torchrun launcher"
+    return WorldSizeMismatch(f"this job has {expected} ranks but {what} {seen}{hint}.")
+
+
+def watch_world_size(environ):
+    """Check the world that hvd.init() and torch.distributed.init_process_group() make against
+    the job's size (RINGMASTER_WORLD_SIZE), once the script imports Horovod or torch.distributed."""
+    try:
+        expected = int(environ.get(WORLD_SIZE, ""))
+    except ValueError:
+        return
+    hooks = {"horovod.common.basics": lambda module: _watch_horovod(module, expected),
+             "torch.distributed": lambda module: _watch_torch(module, expected)}
+    for name in [name for name in hooks if name in sys.modules]:   # imported already (a sitecustomize)
+        hooks.pop(name)(sys.modules[name])
+    sys.meta_path.insert(0, AfterImport(hooks))
+
+
+def _watch_horovod(basics, expected):
+    cls = basics.HorovodBasics
+    original = cls.init
+
+    def init(self, comm=None, *args, **kwargs):
+        result = original(self, comm, *args, **kwargs)
+        if comm is None and self.size() != expected:     # hvd.init(comm=[ranks]): a smaller world on purpose
+            raise mismatch(expected, "hvd.init()", self.size())
+        return result
+
+    cls.init = init
+
+
+def _watch_torch(distributed, expected):
+    c10d = getattr(distributed, "distributed_c10d", None)
+    original = getattr(c10d, "init_process_group", None)
+    if original is None:                      # a torch built without distributed support
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        hook = sys.excepthook
+        try:
+            result = original(*args, **kwargs)
+        except Exception as exc:
+            if "HOROVOD_RANK" in os.environ and not {"RANK", "WORLD_SIZE"} <= set(os.environ):
+                raise mismatch(expected, "torch.distributed.init_process_group()") from exc
+            raise
+        size = c10d.get_world_size()
+        if size != expected:
+            # Its traceback as Python prints it (not each line as "[rank0]: ...", torch's hook).
+            c10d.destroy_process_group()
+            sys.excepthook = hook
+            raise mismatch(expected, "torch.distributed.init_process_group()", size)
+        return result
+
+    c10d.init_process_group = distributed.init_process_group = init_process_group
 
 
 def run_here(argv):
@@ -210,9 +335,13 @@ def main():
         os.chdir(os.environ[PROJECT_DIR])
     if os.environ.get(PREFIX_OUTPUT) == "1":
         prefix_output(os.environ.get("RANK", "?"))
+        watch_world_size(os.environ)
         run_recorded(argv)
     elif os.environ.get("HOROVOD_ELASTIC") == "1":
         always_sync_after_a_reset()
+        run_here(argv)
+    elif os.environ.get(WORLD_SIZE):
+        watch_world_size(os.environ)
         run_here(argv)
     else:
         os.execv(sys.executable, [sys.executable, *argv])

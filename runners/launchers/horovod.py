@@ -7,8 +7,9 @@ from ..base import horovodrun_argv
 PROGRAM = "horovodrun"          # what the job's messages call it
 
 def environment(spec):
-    """What every rank's environment adds, whatever the backend."""
-    return {}
+    """What every rank's environment adds, whatever the backend: the job's size, which the rank
+    launcher checks hvd.init()'s world against."""
+    return spec.world_size_env()
 
 
 def single_host_argv(spec, start_timeout):

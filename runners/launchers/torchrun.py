@@ -28,8 +28,9 @@ ELASTIC_ENVIRONMENT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 PROGRAM = "torchrun"          # what the job's messages call it
 
 def environment(spec):
-    """What every worker's environment adds, whatever the backend."""
-    return {PREFIX_OUTPUT_VAR: "1", "PYTHONUNBUFFERED": "1"}
+    """What every worker's environment adds, whatever the backend: prefixed lines, and the job's
+    size, which the rank launcher checks the world of the script's init against."""
+    return {PREFIX_OUTPUT_VAR: "1", "PYTHONUNBUFFERED": "1", **spec.world_size_env()}
 
 
 def single_host_argv(spec, start_timeout):

@@ -1,7 +1,8 @@
 """The rank launcher (runners/job_python/ringmaster_rank.py) runs a rank's script with its words
 as given; an elastic job's ranks (HOROVOD_ELASTIC=1, as horovodrun sets it) run it with Horovod's
 skip-the-sync-after-a-removal shortcut turned off (Horovod issue #3494: survivors skip the sync
-while a growth's new ranks sync, and the job hangs)."""
+while a growth's new ranks sync, and the job hangs). A rank of a job of one size
+(RINGMASTER_WORLD_SIZE) stops with a plain reason where its script's world is not the job's."""
 import json
 import os
 import subprocess
@@ -20,17 +21,17 @@ sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
 
 
-def rank(tmp_path, words, **env):
-    (tmp_path / "train.py").write_text(SCRIPT)
+def rank(tmp_path, words, script=SCRIPT, **env):
+    (tmp_path / "train.py").write_text(script)
     (tmp_path / "argv.json").write_text(json.dumps(["train.py", *words]))
     result = subprocess.run([sys.executable, "-m", "ringmaster_rank"], cwd=tmp_path, capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(JOB_PYTHON), **env}, timeout=60)
     return result.returncode, json.loads(result.stdout) if result.stdout else result.stderr
 
 
-@pytest.mark.parametrize("elastic", [False, True])
-def test_the_script_gets_its_words_as_given_and_its_exit_code_is_the_ranks(tmp_path, elastic):
-    env = {"HOROVOD_ELASTIC": "1"} if elastic else {}
+@pytest.mark.parametrize("env", [{}, {"HOROVOD_ELASTIC": "1"}, {"RINGMASTER_WORLD_SIZE": "2"}],
+                         ids=["exec", "elastic", "world-size-checked"])
+def test_the_script_gets_its_words_as_given_and_its_exit_code_is_the_ranks(tmp_path, env):
     code, seen = rank(tmp_path, ["--network", "a b", "-m"], EXIT_WITH="3", **env)
     assert code == 3, seen
     assert seen["argv"] == ["train.py", "--network", "a b", "-m"] and seen["name"] == "__main__"
@@ -40,6 +41,16 @@ def test_the_script_gets_its_words_as_given_and_its_exit_code_is_the_ranks(tmp_p
 def test_an_elastic_ranks_script_syncs_its_state_after_every_reset(tmp_path):
     assert rank(tmp_path, [], HOROVOD_ELASTIC="1")[1]["skip_sync"] is False
     assert rank(tmp_path, [])[1]["skip_sync"] is True               # a fixed job's Horovod is left as it is
+
+
+def test_a_torchrun_script_under_horovodrun_stops_with_the_plain_reason(tmp_path):
+    script = "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('trained alone')\n"
+    code, stderr = rank(tmp_path, [], script, HOROVOD_RANK="0", HOROVOD_SIZE="2", RINGMASTER_WORLD_SIZE="2")
+    assert code == 1 and "trained alone" not in stderr
+    assert stderr.splitlines()[-1] == (
+        "WorldSizeMismatch: this job has 2 ranks but torch.distributed.init_process_group() found no RANK or "
+        "WORLD_SIZE, which torchrun sets and horovodrun does not: a torchrun script under horovodrun? Pick the "
+        "torchrun launcher.")
 
 
 @pytest.mark.parametrize(("slot", "local_world", "visible"), [
