@@ -2,8 +2,10 @@
 
 Submit it with the launcher "torchrun" (an image that carries it, e.g. torch-cpu). torchrun
 starts one process per GPU with RANK, LOCAL_RANK and WORLD_SIZE set; each one trains on its own
-batches, DDP averages the gradients, and rank 0 saves a checkpoint to checkpoint.pt in the job's
-folder every few steps. A job started where a checkpoint is resumes from its step.
+batches, DDP averages the gradients, and rank 0 saves a checkpoint, checkpoint.pt, every few steps
+and the trained model, model.pt, at the end: both in $RINGMASTER_OUTPUT_DIR, the job's artifacts
+(give the job the checkpoint pattern *.pt to rerun it from its checkpoint). A rerun from a
+checkpoint ($RINGMASTER_CHECKPOINT) resumes at its step.
 
 Options: --steps (default 30), --batch-size (default 16), --checkpoint-every (default 10).
 """
@@ -35,9 +37,12 @@ model = torch.nn.Sequential(
     torch.nn.Flatten(), torch.nn.Linear(16 * 16, 10)).to(device)
 ddp = DistributedDataParallel(model, device_ids=[local_rank] if gpu else None)
 optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+output = os.environ.get("RINGMASTER_OUTPUT_DIR", ".")
+checkpoint = os.path.join(output, "checkpoint.pt")
+resume = os.environ.get("RINGMASTER_CHECKPOINT") or checkpoint
 start = 0
-if os.path.exists("checkpoint.pt"):
-    saved = torch.load("checkpoint.pt", map_location=device)
+if os.path.exists(resume):
+    saved = torch.load(resume, map_location=device)
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     start = saved["step"]
@@ -55,6 +60,8 @@ for step in range(start + 1, options.steps + 1):
     ringmaster_metrics.log(step=step, loss=loss.item(), img_per_sec=options.batch_size / seconds)
     if rank == 0 and step % options.checkpoint_every == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                   "checkpoint.pt.tmp")
-        os.replace("checkpoint.pt.tmp", "checkpoint.pt")
+                   checkpoint + ".tmp")
+        os.replace(checkpoint + ".tmp", checkpoint)
+if rank == 0:
+    torch.save(model.state_dict(), os.path.join(output, "model.pt"))
 dist.destroy_process_group()
