@@ -15,7 +15,10 @@ from runners import projects
 from runners.base import JobSpec
 from runners.local import LocalRunner
 from runners.sandbox import find
+from runners.ssh import Host, SSHRunner
+from tests import sshd
 from tests.conftest import run_to_end
+from tests.integration.test_instances import sshds  # noqa: F401 (the sshd fixture)
 
 DATAUTILS = "def batch(rank):\n    return [rank, rank + 1]\n"
 TRAIN = """import json, os
@@ -198,12 +201,42 @@ def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_in_its_folder(tmp_pa
                    script_path=None, launcher="torchrun", project=projects.pack(files))
     lines, exited = run_to_end(runner, spec)
     assert exited.code == 0, [line.text for line in lines][-20:]
-    import json
-    said = {seen["rank"]: seen for seen in (json.loads(line.text[6:]) for line in lines if line.text.startswith("TRAIN "))}
-    assert sorted(said) == [0, 1]
     root = str((runner.job_dir(spec) / projects.PROJECT_DIR).resolve())
-    for rank, seen in said.items():
-        assert seen == {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": root}
+    assert ranks_said(lines) == {rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1",
+                                        "cwd": root} for rank in (0, 1)}
+
+
+def ranks_said(lines):
+    """{rank: what it printed after TRAIN} of PROJECT's ranks."""
+    import json
+    return {seen["rank"]: seen for seen in (json.loads(line.text.split("TRAIN ", 1)[1]) for line in lines
+                                            if "TRAIN " in line.text)}
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sshd.available() or os.geteuid() != 0,
+                    reason="needs Debian's openssh-server, and root (a uid of the job's own on the instances)")
+def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_on_two_instances_as_the_jobs_uid(sshds, tmp_path):  # noqa: F811
+    work = tmp_path / "work"
+    hosts = [Host(name=f"instance-{address}", address=address, port=sshds["port"], user="root",
+                  private_key=sshds["key"].read_text(), slots=1, work_dir=str(work), peer_ssh_port=sshds["port"],
+                  peer_ssh_key=str(sshds["key"]), network_interface="lo") for address in ("127.0.0.2", "127.0.0.3")]
+    files = projects.read_archive(zip_of(PROJECT, top="proj/"), LIMITS)
+    spec = JobSpec(job_id=6001, gpus=2, python=sys.executable, script_name="train.py", script_content=None,
+                   script_path=None, launcher="torchrun", project=projects.pack(files), installation="projects")
+    runner = SSHRunner(hosts, kill_grace=5, poll_interval=0.1)
+    lines, exited = run_to_end(runner, spec)
+    assert exited.code == 0, [line.text for line in lines][-20:]
+    root = work / spec.name / projects.PROJECT_DIR
+    assert ranks_said(lines) == {rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1",
+                                        "cwd": str(root)} for rank in (0, 1)}
+    # Laid out as the job's uid (not the SSH account's, root), in the job's folder and nowhere else.
+    uid = int((work / ".portal" / spec.name / "uid").read_text())
+    laid_out = sorted(str(path.relative_to(root)) for path in root.rglob("*") if "__pycache__" not in path.parts)
+    assert laid_out == ["conf", "conf/settings.txt", "datautils.py", "train.py"]
+    assert {path.stat().st_uid for path in [root, *root.rglob("*")]} == {uid} and uid != 0
+    assert (root / "datautils.py").read_text() == DATAUTILS
+    assert not (work / spec.name / f".{projects.PROJECT_DIR}.tmp").exists()
 
 
 @pytest.mark.django_db
