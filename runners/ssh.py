@@ -67,7 +67,7 @@ import paramiko
 from . import gpus, launchers, telemetry
 from .artifacts import (CHECKPOINT_DIR, CHECKPOINT_VAR, MAX_DEPTH, MAX_ENTRIES, OUTPUT_DIR, OUTPUT_DIR_VAR,
                         Skipped, open_artifact, too_deep, too_many)
-from .projects import PROJECT_DIR, PROJECT_DIR_VAR
+from .projects import PROJECT_DIR, PROJECT_DIR_VAR, UNTAR
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
@@ -364,12 +364,12 @@ printf '%s' "$3" > "$c/.$n.$$.tmp" && mv -f -- "$c/.$n.$$.tmp" "$c/$n"
 # it, checked when it was uploaded) into the job's folder as the job's uid (as UPLOAD_JOB writes),
 # through a folder of its own that then replaces the project's folder whole, and note it in the
 # control folder: RANK_WRAPPER names the folder to each rank, and a retried launch finds the note
-# and unpacks nothing. `tar -o -m`: the files are the job's, timed when unpacked. $1 control folder.
+# and unpacks nothing. $1 control folder.
 INSTALL_PROJECT = AT_CONTROL + AS_JOB + r"""
 at_control "$1" || exit 3
 if [ -e "$c/""" + PROJECT_INSTALLED + r"""" ]; then cat > /dev/null; exit 0; fi
 as_job /bin/sh -c 'cd -- "$1" && rm -rf -- ".$2.tmp" && mkdir -- ".$2.tmp" &&
-    tar -x -z -o -m -f - -C ".$2.tmp" && rm -rf -- "$2" && mv -- ".$2.tmp" "$2"' install "$job" """ + PROJECT_DIR + r""" ||
+    """ + UNTAR + r""" -f - -C ".$2.tmp" && rm -rf -- "$2" && mv -- ".$2.tmp" "$2"' install "$job" """ + PROJECT_DIR + r""" ||
     exit 3
 : > "$c/""" + PROJECT_INSTALLED + r""""
 """
