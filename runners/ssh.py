@@ -369,8 +369,8 @@ INSTALL_PROJECT = AT_CONTROL + AS_JOB + r"""
 at_control "$1" || exit 3
 if [ -e "$c/""" + PROJECT_INSTALLED + r"""" ]; then cat > /dev/null; exit 0; fi
 as_job /bin/sh -c 'cd -- "$1" && rm -rf -- ".$2.tmp" && mkdir -- ".$2.tmp" &&
-    """ + UNTAR + r""" -f - -C ".$2.tmp" && rm -rf -- "$2" && mv -- ".$2.tmp" "$2"' install "$job" """ + PROJECT_DIR + r""" ||
-    exit 3
+    """ + UNTAR + r""" -f - -C ".$2.tmp" && rm -rf -- "$2" && mv -- ".$2.tmp" "$2"' \
+    install "$job" """ + PROJECT_DIR + r""" || exit 3
 : > "$c/""" + PROJECT_INSTALLED + r""""
 """
 # Whether the job's folder holds its checkpoint already (INSTALL_CHECKPOINT ran). $1 control folder.

@@ -204,8 +204,8 @@ def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_in_its_folder(tmp_pa
     lines, exited = run_to_end(runner, spec)
     assert exited.code == 0, [line.text for line in lines][-20:]
     root = str((runner.job_dir(spec) / projects.PROJECT_DIR).resolve())
-    assert ranks_said(line.text for line in lines) == {rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1",
-                                        "cwd": root} for rank in (0, 1)}
+    assert ranks_said(line.text for line in lines) == {
+        rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": root} for rank in (0, 1)}
 
 
 def ranks_said(texts):
@@ -217,7 +217,8 @@ def ranks_said(texts):
 @pytest.mark.integration
 @pytest.mark.skipif(not sshd.available() or os.geteuid() != 0,
                     reason="needs Debian's openssh-server, and root (a uid of the job's own on the instances)")
-def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_on_two_instances_as_the_jobs_uid(sshds, tmp_path):  # noqa: F811
+def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_on_two_instances_as_the_jobs_uid(
+        sshds, tmp_path):  # noqa: F811
     work = tmp_path / "work"
     hosts = [Host(name=f"instance-{address}", address=address, port=sshds["port"], user="root",
                   private_key=sshds["key"].read_text(), slots=1, work_dir=str(work), peer_ssh_port=sshds["port"],
@@ -229,8 +230,9 @@ def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_on_two_instances_as_
     lines, exited = run_to_end(runner, spec)
     assert exited.code == 0, [line.text for line in lines][-20:]
     root = work / spec.name / projects.PROJECT_DIR
-    assert ranks_said(line.text for line in lines) == {rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1",
-                                        "cwd": str(root)} for rank in (0, 1)}
+    assert ranks_said(line.text for line in lines) == {
+        rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": str(root)}
+        for rank in (0, 1)}
     # Laid out as the job's uid (not the SSH account's, root), in the job's folder and nowhere else.
     uid = int((work / ".portal" / spec.name / "uid").read_text())
     laid_out = sorted(str(path.relative_to(root)) for path in root.rglob("*") if "__pycache__" not in path.parts)

@@ -155,8 +155,8 @@ print("TRAIN " + json.dumps({"rank": rank, "batch": batch(rank), "config": open(
 """
 
 
-def test_a_two_file_project_reaches_every_node_pod_which_unpacks_it_and_starts_its_rank_there(fake, runner,  # noqa: F811
-                                                                                             tmp_path):
+def test_a_two_file_project_reaches_every_node_pod_which_unpacks_it_and_starts_its_rank_there(
+        fake, runner, tmp_path):  # noqa: F811
     """The fake runs no container: each node pod's own command runs here, on its ConfigMap's
     files as the kubelet mounts them, up to the rank launcher that torchrun would start."""
     from tests.clusterjobs import in_folders, mount_configmap
