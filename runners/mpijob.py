@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import kueue
 from .artifacts import CHECKPOINT_VAR, OUTPUT_DIR_VAR
+from .projects import PROJECT_DIR_VAR, UNTAR
 from .base import BLACKLIST_COOLDOWN
 from .limits import pod_memory
 
@@ -41,6 +42,16 @@ DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
 BOUNDS_ANNOTATION = "ringmaster.io/elastic-workers"   # "min-max" worker replicas of an elastic job
 CRD_FILE = Path(__file__).with_name("schemas") / "mpijob-crd-v2beta1.yaml"
 MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses a ConfigMap over 1 MiB (with its metadata)
+# A job's project (JobSpec.project, runners.projects.pack's archive) reaches its pods in the job's
+# ConfigMap, as binaryData under PROJECT_ARCHIVE, and is unpacked in each pod before its ranks start
+# (an MPIJob: by an init container into an emptyDir at PROJECT_MOUNT, on the launcher and every
+# worker; a TrainJob: by its node's command, runners.trainjob). Pods need no way to the portal. The
+# archive may take MAX_PROJECT_BYTES of the ConfigMap; the rest is the job's other files'.
+PROJECT_ARCHIVE = "project.tar.gz"
+MAX_PROJECT_BYTES = 900_000
+PROJECT_MOUNT = "/ringmaster/project"
+# Unpacks the archive named by $0 into the folder named by $1 (two words: nothing else is parsed).
+UNPACK = 'mkdir -p -- "$1" && ' + UNTAR + ' -f "$0" -C "$1"'
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # Capabilities a job's containers keep; every other one is dropped. mpirun and horovodrun reach
 # the workers over SSH: the launcher's ssh client needs none. A worker runs the image's sshd as
@@ -151,9 +162,27 @@ def script_configmap_name(spec):
 
 
 def script_path_in_pod(spec):
+    if spec.project is not None:
+        return f"{PROJECT_MOUNT}/{spec.script_name}"
     if spec.script_content is not None:
         return f"{SCRIPT_DIR}/{spec.script_name}"
     return spec.script_path
+
+
+def project_problem(spec):
+    """Why the job's project cannot go to a Kubernetes cluster (None: it can, or it has none)."""
+    if spec.project is None:
+        return None
+    return project_size_problem(len(spec.project))
+
+
+def project_size_problem(size):
+    """Why a project packed into `size` bytes is too large for a Kubernetes job (None: it is not)."""
+    if size <= MAX_PROJECT_BYTES:
+        return None
+    return (f"The project packs into {size:,} bytes; a Kubernetes job takes at most {MAX_PROJECT_BYTES:,} "
+            f"(it reaches the pods in a ConfigMap, which holds at most 1 MiB). Leave large data out of the "
+            f"project (read it from the cluster's volumes), or run the job on instances or on this machine.")
 
 
 def _quantity(value):
@@ -162,10 +191,17 @@ def _quantity(value):
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
+def project_env(spec):
+    """{RINGMASTER_PROJECT_DIR: where the project lies in the pod} of a project's job, else {}."""
+    return {PROJECT_DIR_VAR: PROJECT_MOUNT} if spec.project is not None else {}
+
+
 def forwarded_env(spec, cluster=None):
-    """The launcher's environment: the user's variables (and NCCL_DEBUG unless they set it), and
-    RINGMASTER_OUTPUT_DIR where the cluster has an artifacts volume."""
-    env = {"NCCL_DEBUG": "WARN", **spec.env, **(artifacts_volume(spec, cluster)[2] if cluster else {})}
+    """The launcher's environment: the user's variables (and NCCL_DEBUG unless they set it),
+    RINGMASTER_OUTPUT_DIR where the cluster has an artifacts volume, RINGMASTER_PROJECT_DIR for a
+    project."""
+    env = {"NCCL_DEBUG": "WARN", **spec.env, **(artifacts_volume(spec, cluster)[2] if cluster else {}),
+           **project_env(spec)}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -183,10 +219,13 @@ def launcher_command(spec, cluster, np):
     if cluster.mpijob_command == "horovodrun":
         # horovodrun forwards the launcher's whole environment to the ranks itself.
         return ["horovodrun", "-np", str(np), "--hostfile", "/etc/mpi/hostfile", *training]
-    names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env, *artifacts_volume(spec, cluster)[2]])
+    names = dict.fromkeys(["NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH", *spec.env, *artifacts_volume(spec, cluster)[2],
+                           *project_env(spec)])
     forward = [word for name in names for word in ("-x", name)]
+    # A project's ranks start at its root (horovodrun's start where the launcher runs: workingDir).
+    where = ["--wdir", PROJECT_MOUNT] if spec.project is not None else []
     return ["mpirun", "--allow-run-as-root", "--tag-output", "-np", str(np), "-bind-to", "none",
-            "-map-by", "slot", *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
+            "-map-by", "slot", *where, *forward, "-mca", "pml", "ob1", "-mca", "btl", "^openib", *training]
 
 
 def scale_patch(spec, cluster):
@@ -217,12 +256,25 @@ def _labels(spec, cluster=None):
 
 
 def _script_volume(spec):
-    """The ConfigMap volume (and its mount) of an uploaded script, on launcher and workers."""
-    if spec.script_content is None:
-        return [], []
+    """([volumes], [mounts], [init containers]) of the job's own files, on launcher and workers:
+    the ConfigMap of an uploaded script, mounted; or a project, unpacked from the ConfigMap by an
+    init container into an emptyDir of the pod (writable, as the job's folder is elsewhere)."""
+    if spec.script_content is None and spec.project is None:
+        return [], [], []
     volume = {"name": "script", "configMap": {"name": script_configmap_name(spec), "defaultMode": 0o444}}
     mount = {"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True}
-    return [volume], [mount]
+    if spec.project is None:
+        return [volume], [mount], []
+    project = {"name": "project", "mountPath": PROJECT_MOUNT}
+    unpack = {
+        "name": "project",
+        "image": spec.container_image,
+        "command": ["/bin/sh", "-c", UNPACK, f"{SCRIPT_DIR}/{PROJECT_ARCHIVE}", PROJECT_MOUNT],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [mount, project],
+        "securityContext": _security_context(()),
+    }
+    return [volume, {"name": "project", "emptyDir": {}}], [project], [unpack]
 
 
 def _security_context(capabilities):
@@ -234,11 +286,13 @@ def _security_context(capabilities):
     return {"allowPrivilegeEscalation": False, "capabilities": dropped}
 
 
-def _pod_spec(container, volumes, placed):
+def _pod_spec(container, volumes, placed, init_containers=()):
     """A job pod's spec around its one container. No ServiceAccount token: user code never
     needs the cluster's API (the portal follows the job itself), and a mounted token would give
     it whatever the namespace's default account may do."""
     pod = {"automountServiceAccountToken": False, "containers": [container], **placed}
+    if init_containers:
+        pod["initContainers"] = list(init_containers)
     if volumes:
         pod["volumes"] = volumes
     return pod
@@ -259,7 +313,7 @@ def _scheduling(cluster, gpu_pod):
 def new_launcher_template(spec, cluster, np):
     """The launcher's pod template: runs mpirun, needs no GPU (the operator hides them) and no
     capability."""
-    volumes, mounts = _script_volume(spec)
+    volumes, mounts, init = _script_volume(spec)
     container = {
         "name": LAUNCHER,
         "image": spec.container_image,
@@ -273,15 +327,17 @@ def new_launcher_template(spec, cluster, np):
     }
     if mounts:
         container["volumeMounts"] = mounts
+    if spec.project is not None:
+        container["workingDir"] = PROJECT_MOUNT
     return {"metadata": {"labels": _labels(spec)},
-            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=False))}
+            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=False), init)}
 
 
 def new_worker_template(spec, cluster, slots):
     """A worker's pod template: `slots` GPUs (limits only), CPU and memory per GPU. No command:
     the operator starts sshd, and mpirun starts the ranks through it; the container keeps only
     the capabilities sshd needs as root (WORKER_CAPABILITIES), which the ranks inherit."""
-    volumes, mounts = _script_volume(spec)
+    volumes, mounts, init = _script_volume(spec)
     more_volumes, more_mounts, _ = artifacts_volume(spec, cluster)      # the ranks run here
     volumes, mounts = volumes + more_volumes, mounts + more_mounts
     memory = pod_memory(spec, cluster.memory_per_gpu_gib * slots)
@@ -297,13 +353,13 @@ def new_worker_template(spec, cluster, slots):
     if mounts:
         container["volumeMounts"] = mounts
     return {"metadata": {"labels": _labels(spec)},
-            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=True))}
+            "spec": _pod_spec(container, volumes, _scheduling(cluster, gpu_pod=True), init)}
 
 
 def new_script_configmap(spec, cluster, owner=None):
-    """The ConfigMap holding an uploaded script (None when the script is in the image).
-    `owner`: the created MPIJob, so the ConfigMap goes when the MPIJob does."""
-    if spec.script_content is None:
+    """The ConfigMap holding an uploaded script or a project (None when the script is in the
+    image). `owner`: the created MPIJob, so the ConfigMap goes when the MPIJob does."""
+    if spec.script_content is None and spec.project is None:
         return None
     metadata = {"name": script_configmap_name(spec), "namespace": cluster.namespace, "labels": _labels(spec)}
     if owner is not None:
@@ -311,7 +367,17 @@ def new_script_configmap(spec, cluster, owner=None):
             "apiVersion": API_VERSION, "kind": KIND, "name": owner["metadata"]["name"],
             "uid": owner["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False,
         }]
+    if spec.project is not None:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                "binaryData": project_data(spec)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {spec.script_name: spec.script_content}}
+
+
+def project_data(spec):
+    """A ConfigMap's binaryData holding the job's project archive (base64, as the API takes it)."""
+    import base64
+
+    return {PROJECT_ARCHIVE: base64.b64encode(spec.project).decode()}
 
 
 def new_mpijob(spec, cluster):
@@ -455,8 +521,10 @@ def validate(mpijob):
 def build(spec, cluster):
     """The validated MPIJob and the script's ConfigMap (or None) for `spec` on `cluster`."""
     mpijob = validate(new_mpijob(spec, cluster))
+    if project_problem(spec):
+        raise InvalidMPIJob([project_problem(spec)])
     configmap = new_script_configmap(spec, cluster)
-    if configmap is not None and len(spec.script_content.encode()) > MAX_CONFIGMAP_BYTES:
+    if spec.script_content is not None and len(spec.script_content.encode()) > MAX_CONFIGMAP_BYTES:
         raise InvalidMPIJob([f"the script is larger than {MAX_CONFIGMAP_BYTES:,} bytes, too large for a ConfigMap"])
     return mpijob, configmap
 

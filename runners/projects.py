@@ -33,6 +33,11 @@ MAX_DEPTH = 64
 # variable that names it to the rank launcher (job_python/ringmaster_rank.py).
 PROJECT_DIR = "project"
 PROJECT_DIR_VAR = "RINGMASTER_PROJECT_DIR"
+# How a job's own machine (an instance, a pod) unpacks `pack`'s archive with its system tar (GNU
+# or BusyBox), followed by `-f ARCHIVE -C FOLDER`: the files are whoever unpacks them's (-o), with
+# the time they are unpacked at (-m). The archive was read as untrusted when it was uploaded (plain
+# files only, every path inside the project), so nothing lands outside FOLDER.
+UNTAR = "tar -x -z -o -m"
 
 
 class BadProject(ValueError):

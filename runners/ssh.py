@@ -10,6 +10,11 @@ the same paths everywhere (Gloo runs every rank in the launcher's working direct
   portal trusts (output.log, pid, exit_code, the elastic job's hosts file and discovery script,
   the name of a rerun's checkpoint) and RANK_WRAPPER, which starts each rank. horovodrun runs there.
 
+A job that runs a project (JobSpec.project, runners.projects.pack's archive) gets it on every host
+before the launch: sent over the job's SSH connection into `tar`, which unpacks it as the job into
+<job>/project (INSTALL_PROJECT); RANK_WRAPPER names that folder to each rank in
+RINGMASTER_PROJECT_DIR, and the rank launcher starts the entry point there.
+
 A rerun from a checkpoint (JobSpec.checkpoint) gets the file on every host before the launch: sent
 over SFTP (or through `cat` where the server has no SFTP) into the control folder, then moved into
 the job's folder, <job>/checkpoint/<name>, as the job (INSTALL_CHECKPOINT). RANK_WRAPPER names it
@@ -62,6 +67,7 @@ import paramiko
 from . import gpus, launchers, limits, telemetry
 from .artifacts import (CHECKPOINT_DIR, CHECKPOINT_VAR, MAX_DEPTH, MAX_ENTRIES, OUTPUT_DIR, OUTPUT_DIR_VAR,
                         Skipped, open_artifact, too_deep, too_many)
+from .projects import PROJECT_DIR, PROJECT_DIR_VAR, UNTAR
 from .sandbox import UID_BASE, UID_SPAN
 from .base import (DISCOVERY_SCRIPT, DISCOVERY_SCRIPT_TEXT, EXIT_CODE_WRAPPER, GPU_MAP_FILE, HOSTS_FILE,
                    HOST_NAME_VAR, JOB_DIR_VAR, JOB_ID_VAR, Exited, Output, Placement, Runner, Started, Status,
@@ -78,6 +84,7 @@ CONTROL = ".portal"          # <work_dir>/.portal/<job>/: the control folders (a
 RANK_WRAPPER = "run-rank"
 LIMITS_FILE = "prlimit"     # in the control folder: prlimit's options for each rank (runners.limits)
 CHECKPOINT_NAME = "checkpoint-name"   # in the control folder: the rerun's checkpoint, once in the job's folder
+PROJECT_INSTALLED = "project-installed"   # in the control folder: the project is in the job's folder
 NO_HOST_KEY = object()
 
 
@@ -361,6 +368,19 @@ rm -f -- "$c/$2"
 n=""" + CHECKPOINT_NAME + r"""
 printf '%s' "$3" > "$c/.$n.$$.tmp" && mv -f -- "$c/.$n.$$.tmp" "$c/$n"
 """
+# Unpack the project's archive (stdin: runners.projects.pack's, plain files only, every path inside
+# it, checked when it was uploaded) into the job's folder as the job's uid (as UPLOAD_JOB writes),
+# through a folder of its own that then replaces the project's folder whole, and note it in the
+# control folder: RANK_WRAPPER names the folder to each rank, and a retried launch finds the note
+# and unpacks nothing. $1 control folder.
+INSTALL_PROJECT = AT_CONTROL + AS_JOB + r"""
+at_control "$1" || exit 3
+if [ -e "$c/""" + PROJECT_INSTALLED + r"""" ]; then cat > /dev/null; exit 0; fi
+as_job /bin/sh -c 'cd -- "$1" && rm -rf -- ".$2.tmp" && mkdir -- ".$2.tmp" &&
+    """ + UNTAR + r""" -f - -C ".$2.tmp" && rm -rf -- "$2" && mv -- ".$2.tmp" "$2"' \
+    install "$job" """ + PROJECT_DIR + r""" || exit 3
+: > "$c/""" + PROJECT_INSTALLED + r""""
+"""
 # Whether the job's folder holds its checkpoint already (INSTALL_CHECKPOINT ran). $1 control folder.
 HAS_CHECKPOINT = r"""
 [ -s "$1/""" + CHECKPOINT_NAME + r"""" ] && echo installed
@@ -368,13 +388,17 @@ exit 0
 """
 # Starts one rank (horovodrun runs it on every host, in the control folder): in the job's own
 # folder, as the job's uid where there is one, whose home that folder is, with
-# RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder.
+# RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder and RINGMASTER_PROJECT_DIR its
+# project's folder (where the rank launcher starts the entry point).
 RANK_WRAPPER_TEXT = "#!/bin/sh\n" + AT_CONTROL + AS_JOB + r"""
 at_control . || exit 3
 box=1 limited=1 run=exec
 if [ -s "$c/""" + CHECKPOINT_NAME + r"""" ]; then
     name=$(cat "$c/""" + CHECKPOINT_NAME + r""""; echo x)
     """ + CHECKPOINT_VAR + r"""=$job/""" + CHECKPOINT_DIR + r"""/${name%x}; export """ + CHECKPOINT_VAR + r"""
+fi
+if [ -e "$c/""" + PROJECT_INSTALLED + r"""" ]; then
+    """ + PROJECT_DIR_VAR + r"""=$job/""" + PROJECT_DIR + r"""; export """ + PROJECT_DIR_VAR + r"""
 fi
 if [ -s "$c/uid" ]; then set -- env HOME="$job" PATH="$PATH" "$@"; fi
 as_job /bin/sh -c 'cd -- "$0" && exec "$@"' "$job" "$@"
@@ -849,9 +873,9 @@ class SSHRunner(Runner):
 
     def _prepare(self, host, spec):
         """The job's folders on `host` (PREPARE) and its files: the rank wrapper in the control
-        folder, the script, the rank launcher and its argv (and a rerun's checkpoint) in the job's
-        own. Returns PREPARE's
-        word for how the job runs there ("uid N" or "shared")."""
+        folder, the script or the project, the rank launcher and its argv (and a rerun's
+        checkpoint) in the job's own. Returns PREPARE's word for how the job runs there ("uid N"
+        or "shared")."""
         client = self._connect(host)
         try:
             code, out, err = execute(client, sh(PREPARE, host.work_dir, spec.name, str(MIN_FREE_KB),
@@ -859,6 +883,8 @@ class SSHRunner(Runner):
             if code != 0:
                 raise InstanceError(f"{host.where()}: cannot make the job directory {host.job_dir(spec)}: "
                                     f"{(err or out).strip() or f'exit code {code}'}")
+            if spec.project is not None:
+                self._put_project(client, host, spec)
             if spec.checkpoint is not None:
                 self._put_checkpoint(client, host, spec)
         finally:
@@ -874,6 +900,14 @@ class SSHRunner(Runner):
         self._write(host, spec, control, control=True)
         self._write(host, spec, files)
         return out.strip().splitlines()[-1] if out.strip() else ""
+
+    def _put_project(self, client, host, spec):
+        """Unpack the job's project in its folder on `host`, as the job, once (INSTALL_PROJECT)."""
+        code, out, err = execute(client, sh(INSTALL_PROJECT, host.control_dir(spec)), stdin=spec.project,
+                                 timeout=max(60.0, len(spec.project) / COPY_BYTES_PER_SECOND))
+        if code != 0:
+            raise InstanceError(f"{host.where()}: cannot put the project in {host.job_dir(spec)}/{PROJECT_DIR}: "
+                                f"{(err or out).strip() or f'exit code {code}'}")
 
     def _put_checkpoint(self, client, host, spec):
         """Put a rerun's checkpoint (spec.checkpoint, a file on this machine) in the job's folder

@@ -16,7 +16,11 @@ emptyDir), where the files of the job's ConfigMap are copied first: the uploaded
 ringmaster_rank.py, ringmaster_metrics.py and the rank's words (argv.json). A script that writes
 beside itself (a checkpoint) can; what it writes goes with the pod. The TrainJob API has no
 working directory, so a `/bin/sh` wrapper, given both folders as words (no user word is ever
-parsed by it), copies and changes into the work folder first.
+parsed by it), copies and changes into the work folder first. A job that runs a project gets the
+packed project in the ConfigMap too (binaryData, runners.mpijob.PROJECT_ARCHIVE), which that
+wrapper unpacks into the work folder's project/ (RINGMASTER_PROJECT_DIR), where the rank launcher
+starts the entry point: every node's pod has the project's files before its ranks start, and needs
+no way to the portal.
 
 What else a pod gets goes through `runtimePatches` (the only pod fields a TrainJob may set): the
 portal's labels (the informer finds the pods by them), the ConfigMap volume and its mount, no
@@ -31,8 +35,10 @@ from pathlib import Path
 
 from .launchers import torchrun
 from .limits import pod_memory
-from .mpijob import (_DNS_1035, MAX_CONFIGMAP_BYTES, SCRIPT_DIR, _labels, _quantity, _security_context,
-                     artifacts_volume, crd_problems, crd_validator, split_gpus)
+from .mpijob import (_DNS_1035, MAX_CONFIGMAP_BYTES, PROJECT_ARCHIVE, SCRIPT_DIR, _labels, _quantity,
+                     _security_context, artifacts_volume, crd_problems, crd_validator, project_data,
+                     project_problem, split_gpus)
+from .projects import PROJECT_DIR, PROJECT_DIR_VAR, UNTAR
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -55,6 +61,14 @@ RANK_FILES = ("ringmaster_rank.py", "ringmaster_metrics.py")
 # Copies the files of the folder given as $0 into the one given as $1, changes into it, then
 # runs the rest: the words stay words.
 CHANGE_DIR = ["/bin/sh", "-c", 'cp -L -- "$0"/* "$1"/ && cd "$1" && shift && exec "$@"', FILES_DIR, WORK_DIR]
+# A project's job: the same, with the project's archive unpacked into the work folder's project/
+# instead of copied.
+PROJECT_DIR_IN_POD = f"{WORK_DIR}/{PROJECT_DIR}"
+CHANGE_DIR_WITH_PROJECT = [
+    "/bin/sh", "-c",
+    f'cp -L -- "$0"/* "$1"/ && rm -f -- "$1"/{PROJECT_ARCHIVE} && mkdir -- "$1"/{PROJECT_DIR} && '
+    f'{UNTAR} -f "$0"/{PROJECT_ARCHIVE} -C "$1"/{PROJECT_DIR} && cd "$1" && shift && exec "$@"',
+    FILES_DIR, WORK_DIR]
 
 
 class InvalidTrainJob(ValueError):
@@ -79,9 +93,10 @@ def trainer_env(spec, cluster=None):
     """The trainer container's environment: NCCL_DEBUG unless the user sets it, the user's
     variables, then what torchrun's rank launcher needs (RINGMASTER_PREFIX_OUTPUT: the ranks'
     lines carry their rank, which the portal relies on), and RINGMASTER_OUTPUT_DIR where the
-    cluster has an artifacts volume."""
+    cluster has an artifacts volume, and RINGMASTER_PROJECT_DIR for a project."""
     env = {"NCCL_DEBUG": "WARN", **spec.env, **torchrun.environment(spec),
-           **(artifacts_volume(spec, cluster)[2] if cluster else {})}
+           **(artifacts_volume(spec, cluster)[2] if cluster else {}),
+           **({PROJECT_DIR_VAR: PROJECT_DIR_IN_POD} if spec.project is not None else {})}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -92,7 +107,7 @@ def new_trainer(spec, cluster):
     memory = pod_memory(spec, cluster.memory_per_gpu_gib * per_node)
     return {
         "image": spec.container_image,
-        "command": list(CHANGE_DIR),
+        "command": list(CHANGE_DIR_WITH_PROJECT if spec.project is not None else CHANGE_DIR),
         "args": torchrun.trainer_argv(spec),
         "env": trainer_env(spec, cluster),
         "numNodes": nodes,
@@ -158,15 +173,18 @@ def configmap_data(spec):
 
 
 def new_script_configmap(spec, cluster, owner=None):
-    """The ConfigMap of the job's folder. `owner`: the created TrainJob, so the ConfigMap goes
-    when the TrainJob does."""
+    """The ConfigMap of the job's folder (and its project). `owner`: the created TrainJob, so the
+    ConfigMap goes when the TrainJob does."""
     metadata = {"name": script_configmap_name(spec), "namespace": cluster.namespace, "labels": _labels(spec)}
     if owner is not None:
         metadata["ownerReferences"] = [{
             "apiVersion": API_VERSION, "kind": KIND, "name": owner["metadata"]["name"],
             "uid": owner["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False,
         }]
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": configmap_data(spec)}
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": configmap_data(spec)}
+    if spec.project is not None:
+        configmap["binaryData"] = project_data(spec)
+    return configmap
 
 
 def schema_problems(trainjob):
@@ -211,8 +229,10 @@ def build(spec, cluster):
     trainjob = validate(new_trainjob(spec, cluster))
     if spec.script_content is not None and spec.script_name in (*RANK_FILES, spec.argv_file()[0]):
         raise InvalidTrainJob([f"a script may not be named {spec.script_name} (Ringmaster's own file there)"])
+    if project_problem(spec):
+        raise InvalidTrainJob([project_problem(spec)])
     configmap = new_script_configmap(spec, cluster)
-    if len(json.dumps(configmap["data"]).encode()) > MAX_CONFIGMAP_BYTES:
+    if len(json.dumps(configmap["data"]).encode()) + len(spec.project or b"") > MAX_CONFIGMAP_BYTES:
         raise InvalidTrainJob([f"the script is larger than {MAX_CONFIGMAP_BYTES:,} bytes, too large for a ConfigMap"])
     return trainjob, configmap
 

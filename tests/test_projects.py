@@ -1,6 +1,8 @@
 """Projects (issue #60): an archive becomes a snapshot, read as untrusted; a job runs it with
-the working directory at its root, on this machine; its files are read back through the API."""
+the working directory at its root, on this machine, on instances and on Kubernetes; its files are
+read back through the API."""
 import io
+import json
 import os
 import shutil
 import sys
@@ -15,7 +17,10 @@ from runners import projects
 from runners.base import JobSpec
 from runners.local import LocalRunner
 from runners.sandbox import find
+from runners.ssh import Host, SSHRunner
+from tests import sshd
 from tests.conftest import run_to_end
+from tests.integration.test_instances import sshds  # noqa: F401 (the sshd fixture)
 
 DATAUTILS = "def batch(rank):\n    return [rank, rank + 1]\n"
 TRAIN = """import json, os
@@ -198,12 +203,43 @@ def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_in_its_folder(tmp_pa
                    script_path=None, launcher="torchrun", project=projects.pack(files))
     lines, exited = run_to_end(runner, spec)
     assert exited.code == 0, [line.text for line in lines][-20:]
-    import json
-    said = {seen["rank"]: seen for seen in (json.loads(line.text[6:]) for line in lines if line.text.startswith("TRAIN "))}
-    assert sorted(said) == [0, 1]
     root = str((runner.job_dir(spec) / projects.PROJECT_DIR).resolve())
-    for rank, seen in said.items():
-        assert seen == {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": root}
+    assert ranks_said(line.text for line in lines) == {
+        rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": root} for rank in (0, 1)}
+
+
+def ranks_said(texts):
+    """{rank: what it printed after TRAIN} of PROJECT's ranks, from their lines' texts."""
+    return {seen["rank"]: seen for seen in (json.loads(text.split("TRAIN ", 1)[1]) for text in texts
+                                            if "TRAIN " in text)}
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sshd.available() or os.geteuid() != 0,
+                    reason="needs Debian's openssh-server, and root (a uid of the job's own on the instances)")
+def test_a_two_file_project_runs_as_a_two_rank_torchrun_job_on_two_instances_as_the_jobs_uid(
+        sshds, tmp_path):  # noqa: F811
+    work = tmp_path / "work"
+    hosts = [Host(name=f"instance-{address}", address=address, port=sshds["port"], user="root",
+                  private_key=sshds["key"].read_text(), slots=1, work_dir=str(work), peer_ssh_port=sshds["port"],
+                  peer_ssh_key=str(sshds["key"]), network_interface="lo") for address in ("127.0.0.2", "127.0.0.3")]
+    files = projects.read_archive(zip_of(PROJECT, top="proj/"), LIMITS)
+    spec = JobSpec(job_id=6001, gpus=2, python=sys.executable, script_name="train.py", script_content=None,
+                   script_path=None, launcher="torchrun", project=projects.pack(files), installation="projects")
+    runner = SSHRunner(hosts, kill_grace=5, poll_interval=0.1)
+    lines, exited = run_to_end(runner, spec)
+    assert exited.code == 0, [line.text for line in lines][-20:]
+    root = work / spec.name / projects.PROJECT_DIR
+    assert ranks_said(line.text for line in lines) == {
+        rank: {"rank": rank, "world": 2, "batch": [rank, rank + 1], "config": "lr=0.1", "cwd": str(root)}
+        for rank in (0, 1)}
+    # Laid out as the job's uid (not the SSH account's, root), in the job's folder and nowhere else.
+    uid = int((work / ".portal" / spec.name / "uid").read_text())
+    laid_out = sorted(str(path.relative_to(root)) for path in root.rglob("*") if "__pycache__" not in path.parts)
+    assert laid_out == ["conf", "conf/settings.txt", "datautils.py", "train.py"]
+    assert {path.stat().st_uid for path in [root, *root.rglob("*")]} == {uid} and uid != 0
+    assert (root / "datautils.py").read_text() == DATAUTILS
+    assert not (work / spec.name / f".{projects.PROJECT_DIR}.tmp").exists()
 
 
 @pytest.mark.django_db
@@ -246,3 +282,33 @@ def test_the_job_page_lists_the_projects_files_and_opens_each(client, alice, ima
     bob = Client()
     bob.force_login(make_user("bob"))
     assert bob.get(f"/jobs/{job}/files/datautils.py").status_code == 404
+
+
+@pytest.mark.django_db
+def test_on_kubernetes_a_project_job_shows_its_project_in_the_trainjob_and_one_past_a_configmap_is_400(client, alice):
+    from django.core.management import call_command
+
+    from jobs.backends.kubernetes.models import Cluster
+    from jobs.models import Image
+    from tests.test_clusters import kubeconfig
+
+    cluster = Cluster(name="gpu-east", namespace="training", gpus_per_node=8)
+    cluster.set_kubeconfig(kubeconfig())
+    cluster.save()
+    Image.objects.create(name="torch-gpu", container_image="registry.example/torch:2.13", python="python3",
+                         launchers="torchrun")
+    job = {"image": "torch-gpu", "gpus": 2, "backend": "kubernetes", "entry_point": "train.py"}
+    response = client.post("/api/jobs/", {**job, "project": upload(client, zip_of(PROJECT)).json()["id"]},
+                           format="json")
+    assert response.status_code == 201, response.json()
+    out = io.StringIO()
+    call_command("render_trainjob", str(response.json()["id"]), stdout=out)   # exits 1 on any problem
+    trainer = json.loads(out.getvalue())["spec"]["trainer"]
+    assert trainer["command"][:2] == ["/bin/sh", "-c"] and "project.tar.gz" in trainer["command"][2]
+    assert {"name": "RINGMASTER_PROJECT_DIR", "value": "/ringmaster/work/project"} in trainer["env"]
+
+    large = upload(client, zip_of({"train.py": "print(1)\n", "weights.bin": os.urandom(950_000)}))
+    response = client.post("/api/jobs/", {**job, "project": large.json()["id"]}, format="json")
+    assert response.status_code == 400
+    assert "a Kubernetes job takes at most 900,000" in response.json()["project"][0], response.json()
+    assert Job.objects.count() == 1

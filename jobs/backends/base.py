@@ -181,6 +181,8 @@ class Backend:
     launchers = ("horovod", "torchrun")
     # Whether its runner lays out a project (JobSpec.project) where the ranks run.
     runs_projects = False
+    # Whether its runner installs a project's extra packages (runners.packages) before the ranks.
+    installs_packages = False
     # Seconds between two runs of periodic_check() by Celery beat (jobs.backends.check_schedule);
     # None: it has none. Beat schedules only the enabled backends.
     check_every = None

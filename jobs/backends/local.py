@@ -139,6 +139,7 @@ class LocalBackend(Backend):
     admission_class = LocalAdmission
     elastic = True
     runs_projects = True
+    installs_packages = True
 
     def capacity(self):
         return slots()[0]

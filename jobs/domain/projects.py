@@ -60,9 +60,9 @@ def requirements(project):
                                   if file.path in wanted})
 
 
-def requirements_problem(project, image):
-    """Why the project's extra packages cannot be installed on `image` (None: they can, or it
-    names none)."""
+def requirements_problem(project, image, backend=None):
+    """Why the project's extra packages cannot be installed on `image` by `backend` (a Backend;
+    None: not asked) (None: they can, or it names none)."""
     try:
         reqs = requirements(project)
     except packages.BadRequirements as exc:
@@ -70,6 +70,9 @@ def requirements_problem(project, image):
     if reqs is not None and not image.extra_packages:
         return (f"The image {image.name} takes no extra packages, and the project's {reqs.source} names "
                 f"{reqs.packages}: pick another image, or leave them out.")
+    if reqs is not None and backend is not None and not backend.installs_packages:
+        return (f"{backend.label} cannot install a project's extra packages yet, and the project's {reqs.source} "
+                f"names {reqs.packages}: use an image that has them, or run it on a backend that installs them.")
     return None
 
 

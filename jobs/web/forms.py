@@ -489,7 +489,7 @@ class JobForm(forms.Form):
         except forms.ValidationError as exc:
             self.add_error("entry_point", exc)
         image = data.get("image")
-        if image is not None and (problem := projects.requirements_problem(project, image)):
+        if image is not None and (problem := projects.requirements_problem(project, image, data.get("backend"))):
             self.add_error("project", problem)
 
     def _warn(self, data):

@@ -1,13 +1,16 @@
 """A torchrun job on the Kubernetes backend as a Kubeflow Trainer TrainJob: the runner, with the
 real `kubernetes` client over HTTP, against the fake API server playing Trainer, JobSet and the
 kubelet (tests/fakekube)."""
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import kubernetes
 import pytest
 
-from runners import mpijob
+from runners import mpijob, projects, trainjob
 from runners.base import Exited, Output, Running, waited
 from runners.kubernetes import KubernetesRunner, Timings
 from runners.output import OutputSplitter, first_rank_failure
@@ -140,3 +143,61 @@ def test_every_nodes_lines_come_while_the_nodes_run_and_a_new_follower_resumes_e
     assert told == [Exited(0, "jobset completed successfully")]
     assert sorted((line.rank, line.text) for line in rest) == \
         sorted((r, f"step {step} rank {r}") for r in range(4) for step in (2, 3))
+
+
+# Prints what PROJECT's train.py prints, without torch: the fake runs no torchrun to start it under.
+WHERE = """import json, os
+from datautils import batch
+
+rank = int(os.environ["RANK"])
+print("TRAIN " + json.dumps({"rank": rank, "batch": batch(rank), "config": open("conf/settings.txt").read().strip(),
+                            "cwd": os.getcwd()}), flush=True)
+"""
+
+
+def test_a_two_file_project_reaches_every_node_pod_which_unpacks_it_and_starts_its_rank_there(
+        fake, runner, tmp_path):  # noqa: F811
+    """The fake runs no container: each node pod's own command runs here, on its ConfigMap's
+    files as the kubelet mounts them, up to the rank launcher that torchrun would start."""
+    from tests.clusterjobs import in_folders, mount_configmap
+    from tests.test_projects import LIMITS, PROJECT, ranks_said, zip_of
+
+    archive = zip_of({**PROJECT, "where.py": WHERE}, top="proj/")
+    job = torch_spec(job_id=48, gpus=2, installation="tj", script_name="where.py", script_content=None, args=(),
+                     project=projects.pack(projects.read_archive(archive, LIMITS)))
+    runner.cluster = mpijob.ClusterSpec(namespace=NS, gpus_per_node=1)            # two nodes of one GPU
+    hold = threading.Event()
+    fake.scenarios[job.name] = Scenario(hold=hold)
+    outputs = []
+    try:
+        runner.launch(job)
+        pods = fake.wait_for(lambda: len(fake.node_pods(NS, job.name)) == 2 and fake.node_pods(NS, job.name), 30,
+                             "both nodes' pods")
+        configmaps = {c["metadata"]["name"]: c for c in fake.configmaps(NS)}
+        for index, pod in enumerate(pods):
+            (container,) = pod["spec"]["containers"]
+            volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+            mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+            assert volumes[mounts[trainjob.WORK_DIR]] == {"name": "work", "emptyDir": {}}
+            configmap = configmaps[volumes[mounts[trainjob.FILES_DIR]]["configMap"]["name"]]
+            folders = {trainjob.FILES_DIR: mount_configmap(configmap, tmp_path / f"node-{index}" / "files"),
+                       trainjob.WORK_DIR: tmp_path / f"node-{index}" / "work"}
+            folders[trainjob.WORK_DIR].mkdir()
+            env = {e["name"]: in_folders([e["value"]], folders)[0] for e in container["env"] if "value" in e}
+            assert env["RINGMASTER_PROJECT_DIR"] == str(folders[trainjob.WORK_DIR] / "project")
+            env.update(PATH=os.environ["PATH"], RANK=str(index), RINGMASTER_PREFIX_OUTPUT="")
+            # The node's command up to torchrun's words, then what torchrun starts in each worker.
+            done = subprocess.run([*in_folders(container["command"], folders), sys.executable, "-m",
+                                   "ringmaster_rank"], env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout)
+            root = folders[trainjob.WORK_DIR] / "project"
+            assert sorted(str(path.relative_to(root)) for path in root.rglob("*")
+                          if path.is_file() and "__pycache__" not in path.parts) == \
+                ["conf/settings.txt", "datautils.py", "train.py", "where.py"]
+    finally:
+        hold.set()
+        runner.delete(job)
+    assert ranks_said(line for output in outputs for line in output.splitlines()) == {
+        index: {"rank": index, "batch": [index, index + 1], "config": "lr=0.1",
+                "cwd": str(tmp_path / f"node-{index}" / "work" / "project")} for index in (0, 1)}

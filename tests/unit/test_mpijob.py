@@ -1,5 +1,7 @@
 """The MPIJob builder (runners.mpijob): plain pytest, no Django, no cluster."""
 import copy
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -7,8 +9,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runners import mpijob
+from runners import mpijob, projects
 from runners.base import JobSpec
+from tests.clusterjobs import in_folders, mount_configmap
 
 SHARED_CRD = Path(__file__).resolve().parents[3] / "shared" / "schemas" / "mpijob-crd-v2beta1.yaml"
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "mpi-operator-examples"
@@ -118,6 +121,45 @@ def test_uploaded_script_is_mounted_from_a_configmap_on_launcher_and_workers():
     configmap = mpijob.new_script_configmap(job_spec, CLUSTER, owner=owner)
     assert configmap["data"] == {"train.py": "print('hi')\n"}
     assert configmap["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_a_project_is_unpacked_by_an_init_container_on_the_launcher_and_every_worker_and_the_ranks_start_there(
+        tmp_path):
+    files = [projects.File("train.py", b"import datautils\n"), projects.File("datautils.py", b"X = 1\n"),
+             projects.File("conf/run.sh", b"#!/bin/sh\n", executable=True)]
+    job_spec = spec(script_content=None, project=projects.pack(files))
+    job, configmap = mpijob.build(job_spec, CLUSTER)        # valid against the CRD, as the operator takes it
+    assert mpijob.crd_problems(mpijob.crd_validator(SHARED_CRD, mpijob.VERSION), job) == []
+    assert "data" not in configmap and list(configmap["binaryData"]) == [mpijob.PROJECT_ARCHIVE]
+    launcher = containers(job, "Launcher")[0]
+    assert launcher["workingDir"] == "/ringmaster/project"
+    assert launcher["command"][launcher["command"].index("--wdir") + 1] == "/ringmaster/project"
+    assert launcher["command"][-4:] == ["python", "/ringmaster/project/train.py", "--lr", "0.1"]
+    assert {"name": "RINGMASTER_PROJECT_DIR", "value": "/ringmaster/project"} in launcher["env"]
+    assert "RINGMASTER_PROJECT_DIR" in launcher["command"]            # mpirun -x: the ranks get it too
+    for kind in ("Launcher", "Worker"):
+        pod = job["spec"]["mpiReplicaSpecs"][kind]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        assert volumes["project"] == {"name": "project", "emptyDir": {}}
+        assert volumes["script"]["configMap"]["name"] == configmap["metadata"]["name"]
+        assert {"name": "project", "mountPath": "/ringmaster/project"} in pod["containers"][0]["volumeMounts"]
+        (init,) = pod["initContainers"]
+        assert init["image"] == job_spec.container_image
+        assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        # What the init container does, run here on the ConfigMap's files as the kubelet mounts them.
+        mounted = {mount["mountPath"]: tmp_path / kind / mount["name"] for mount in init["volumeMounts"]}
+        mount_configmap(configmap, mounted[mpijob.SCRIPT_DIR])
+        subprocess.run(in_folders(init["command"], mounted), check=True, timeout=60)
+        root = mounted["/ringmaster/project"]
+        assert sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()) == \
+            ["conf/run.sh", "datautils.py", "train.py"]
+        assert (root / "datautils.py").read_bytes() == b"X = 1\n" and os.access(root / "conf/run.sh", os.X_OK)
+
+
+def test_a_project_too_large_for_a_configmap_is_refused_naming_the_limit():
+    job_spec = spec(script_content=None, project=projects.pack([projects.File("blob.bin", os.urandom(950_000))]))
+    with pytest.raises(mpijob.InvalidMPIJob, match="a Kubernetes job takes at most 900,000"):
+        mpijob.build(job_spec, CLUSTER)
 
 
 def test_a_script_inside_the_image_needs_no_configmap():

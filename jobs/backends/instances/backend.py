@@ -363,6 +363,8 @@ class InstancesBackend(Backend):
 
     fetches_artifacts = True
     takes_checkpoints = True
+    # The project is sent to every host and unpacked in the job's folder, as the job (runners.ssh).
+    runs_projects = True
 
     def collect_artifacts(self, job, room):
         """Bring the job's output folder back from the instance that ran its launcher, over SFTP

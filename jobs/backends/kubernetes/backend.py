@@ -126,6 +126,9 @@ class KubernetesBackend(Backend):
 
     # A rerun's pods mount the parent's sub-path of the volume read-only (runners.mpijob.artifacts_volume).
     takes_checkpoints = True
+    # A project reaches every pod in the job's ConfigMap, unpacked there before the ranks start
+    # (runners.mpijob.PROJECT_ARCHIVE): one that packs into more than MAX_PROJECT_BYTES is refused.
+    runs_projects = True
 
     def artifacts_root(self, job):
         """The job's sub-path of its cluster's artifacts volume, where the portal mounts it too
@@ -204,6 +207,10 @@ class KubernetesBackend(Backend):
         problem = self.image_problem(image) if image is not None else None
         if problem and "image" not in form.errors:
             form.add_error("image", problem)
+        project = data.get("project")
+        problem = mpijob.project_size_problem(len(project.archive)) if project is not None else None
+        if problem and "project" not in form.errors:
+            form.add_error("project", problem)
         if "group" not in form.errors:
             try:
                 namespace_for(cluster, data.get("group"))
