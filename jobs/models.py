@@ -138,6 +138,10 @@ class Job(models.Model):
     script_path = models.CharField(max_length=1024, blank=True)
     project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     entry_point = models.CharField(max_length=1024, blank=True, help_text="The project's file the job runs.")
+    # A project fetched from git: the repository, and the commit its ref resolved to at submit
+    # (the snapshot itself is shared with any upload of the same files).
+    project_url = models.CharField(max_length=2048, blank=True, help_text="The git repository the project came from.")
+    project_commit = models.CharField(max_length=64, blank=True, help_text="The git commit the project's files are.")
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     launcher = models.CharField(max_length=20, default=launchers.DEFAULT, choices=launchers.choices(),
@@ -531,18 +535,16 @@ class JobNotice(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "kind"], name="job_notice_once_per_kind")]
 
 
-class NotifyAllowedNetwork(models.Model):
-    """A network notification targets may point at although it is private, loopback, link-local
-    or this machine's (an intranet chat server, say): set by an admin, beside the setting
-    RINGMASTER_NOTIFY_ALLOWED_NETWORKS (jobs.domain.destinations)."""
+class AllowedNetwork(models.Model):
+    """An address range the portal may connect to on a user's behalf although it is private,
+    loopback, link-local or this machine's (jobs.domain.destinations): set by an admin."""
 
     network = models.CharField(max_length=50, unique=True, help_text="An address range, e.g. 10.20.0.0/16 or fd00::/8.")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["network"]
-        verbose_name = "network allowed for notifications"
-        verbose_name_plural = "networks allowed for notifications"
 
     def __str__(self):
         return self.network
@@ -556,3 +558,22 @@ class NotifyAllowedNetwork(models.Model):
             self.network = str(ipaddress.ip_network(self.network.strip(), strict=False))
         except ValueError:
             raise ValidationError({"network": "Give an address range, e.g. 10.20.0.0/16."}) from None
+
+
+class NotifyAllowedNetwork(AllowedNetwork):
+    """A network notification targets may point at (an intranet chat server, say), beside the
+    setting RINGMASTER_NOTIFY_ALLOWED_NETWORKS."""
+
+    class Meta(AllowedNetwork.Meta):
+        verbose_name = "network allowed for notifications"
+        verbose_name_plural = "networks allowed for notifications"
+
+
+class GitAllowedNetwork(AllowedNetwork):
+    """A network git repositories may be fetched from (an intranet git server, say), beside the
+    setting RINGMASTER_GIT_ALLOWED_NETWORKS. A list of its own: allowing notifications to reach
+    a network does not let users' fetches read from it."""
+
+    class Meta(AllowedNetwork.Meta):
+        verbose_name = "network allowed for git repositories"
+        verbose_name_plural = "networks allowed for git repositories"

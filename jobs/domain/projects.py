@@ -1,10 +1,13 @@
-"""Projects a user uploads as an archive: read as untrusted (runners.projects), kept once per
-owner by digest, and read back file by file for the job page and the API."""
+"""Projects a user uploads as an archive or names as a git repository at a ref: read as untrusted
+(runners.projects; git's fetch: runners.gitfetch), kept once per owner by digest, and read back
+file by file for the job page and the API."""
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from jobs.domain import destinations
 from jobs.models import Project
-from runners import projects
+from runners import gitfetch, projects
+from runners.gitfetch import BadGit  # noqa: F401  (callers catch it from here)
 from runners.projects import BadProject  # noqa: F401  (callers catch it from here)
 
 MB = 1 << 20
@@ -30,6 +33,31 @@ def store(owner, data):
     except IntegrityError:      # the same files, twice at once
         project = Project.objects.get(owner=owner, sha256=digest)
     return project
+
+
+def git_source(url, ref):
+    """The repository's URL (parsed) and the ref, checked for what they are, before any fetch:
+    a scheme the site takes (settings.RINGMASTER_GIT_SCHEMES), a ref git takes. BadGit if not."""
+    return gitfetch.parse_url(url, tuple(settings.RINGMASTER_GIT_SCHEMES)), gitfetch.check_ref(ref)
+
+
+def store_git(owner, url, ref, token=None):
+    """The owner's snapshot of the repository `url` (git_source's) at `ref`, and the commit the
+    ref resolved to. The portal fetches it, now: the host must resolve only to addresses the
+    site allows (destinations, its list for git), and git connects to the one checked. `token`
+    (https) is used for this fetch only. BadGit or BadProject say what failed; nothing is kept."""
+    try:
+        address = destinations.checked(url.host, url.port, allowed=destinations.git_allowed_networks(),
+                                       unless=destinations.GIT_UNLESS)[0]
+    except destinations.Refused as exc:
+        raise BadGit(str(exc)) from None
+    fetched = gitfetch.fetch(url, ref, address=str(address), timeout=settings.RINGMASTER_GIT_TIMEOUT_SECONDS,
+                             max_bytes=limits().expanded_bytes, schemes=tuple(settings.RINGMASTER_GIT_SCHEMES),
+                             token=token, known_hosts=settings.RINGMASTER_GIT_SSH_KNOWN_HOSTS)
+    try:
+        return store(owner, fetched.archive), fetched.commit
+    except BadProject as exc:
+        raise BadProject(f"At commit {fetched.commit[:12]}: {exc}") from None
 
 
 def visible_projects(user):

@@ -237,6 +237,34 @@ class ImageField(forms.Field):
         return image
 
 
+class GitField(forms.Field):
+    """A git repository at a ref (the API's shape): {"url", "ref"}, and for a private https
+    repository "token", used for the fetch at submit only (never kept, never shown)."""
+
+    KEYS = ("url", "ref", "token")
+
+    def to_python(self, value):
+        if value in (None, "", {}):
+            return None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('Must be an object: {"url": ..., "ref": ...}.')
+        unknown = sorted(str(key) for key in value if key not in self.KEYS)
+        if unknown:
+            raise forms.ValidationError(f"Unknown key {unknown[0]!r}: git takes url, ref and token.")
+        if not all(isinstance(value.get(key, ""), str) for key in self.KEYS):
+            raise forms.ValidationError("url, ref and token must be strings.")
+        token = value.get("token") or None
+        if token is not None and (len(token) > 4096 or any(ord(c) < 0x21 or ord(c) == 0x7f for c in token)):
+            raise forms.ValidationError("The token must be one word of printable characters.")
+        try:
+            url, ref = projects.git_source(value.get("url", "").strip(), value.get("ref", "").strip())
+        except projects.BadGit as exc:
+            raise forms.ValidationError(str(exc)) from None
+        if token and url.scheme != "https":
+            raise forms.ValidationError("A token is sent only to https:// repositories.")
+        return {"url": url, "ref": ref, "token": token}
+
+
 class JobForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     image = ImageField()
@@ -252,6 +280,8 @@ class JobForm(forms.Form):
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     project = forms.IntegerField(required=False, min_value=1,
                                  help_text="A project uploaded as an archive (POST /api/projects/): its id.")
+    git = GitField(required=False, help_text='Or a git repository at a branch, tag or commit: {"url", "ref"}, '
+                                             'fetched by the portal at submit.')
     entry_point = forms.CharField(max_length=1024, required=False, strip=False, label="Entry point",
                                   help_text="The project's .py file the job runs, e.g. train.py or src/train.py; "
                                             "the working directory is the project's root.")
@@ -383,14 +413,16 @@ class JobForm(forms.Form):
     def clean(self):
         data = super().clean()
         script, path, project = data.get("script"), data.get("script_path"), data.get("project")
-        if not {"script", "script_path", "project"} & set(self.errors):
-            given = sum(bool(source) for source in (script, path, self._has_upload(), project))
+        if not {"script", "script_path", "project", "git"} & set(self.errors):
+            given = sum(bool(source) for source in (script, path, self._has_upload(), project, data.get("git")))
             if given > 1:
                 self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script "
-                                         "path, a project.")
+                                         "path, a project, a git repository.")
             elif given == 0:
                 self.add_error("script", "Choose a script: upload one, pick one from the library, "
                                          "give the path of a script inside the image, or give a project.")
+            elif data.get("git"):
+                self._fetch_git(data)
         self._clean_entry_point(data)
         backend, gpus = data.get("backend"), data.get("gpus")
         self._clean_launcher(data)
@@ -452,10 +484,21 @@ class JobForm(forms.Form):
             self.add_error("launcher", f"{backend.label} cannot start {launchers.LAUNCHERS[name].label} jobs yet"
                                        f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
 
+    def _fetch_git(self, data):
+        """The repository fetched now, at its ref, as the job's project (and its commit)."""
+        git = data["git"]
+        try:
+            data["project"], data["project_commit"] = projects.store_git(self.user, git["url"], git["ref"],
+                                                                         token=git["token"])
+        except (projects.BadGit, projects.BadProject) as exc:
+            self.add_error("git", str(exc))
+            return
+        data["project_url"] = git["url"].text
+
     def _clean_entry_point(self, data):
         """A project's entry point: a .py file in it; none without a project."""
         project, entry = data.get("project"), (data.get("entry_point") or "").strip()
-        if "project" in self.errors or "entry_point" in self.errors:
+        if {"project", "entry_point", "git"} & set(self.errors):
             return
         if project is None:
             if entry:
@@ -485,6 +528,8 @@ class JobForm(forms.Form):
             "script_path": data["script_path"] if not data["script"] else "",
             "project": data.get("project"),
             "entry_point": (data.get("entry_point") or "") if data.get("project") else "",
+            "project_url": data.get("project_url") or "",
+            "project_commit": data.get("project_commit") or "",
             "args": data["args"],
             "env": data["env"],
             "launcher": data["launcher"],

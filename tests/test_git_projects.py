@@ -1,0 +1,156 @@
+"""Projects from git (issue #60): the portal fetches a repository at a ref when the job is
+submitted, from a real `git daemon` on loopback, and the job records the commit; what it may
+not fetch from is a 400 on `git` that says why."""
+import io
+import shutil
+import socket
+import subprocess
+import uuid
+import zipfile
+
+import pytest
+
+from jobs.models import GitAllowedNetwork, Job, Project
+from tests.conftest import free_port, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git (apt-get install git)")
+
+DATAUTILS = "def batch(rank):\n    return [rank, rank + 1]\n"
+TRAIN = "from datautils import batch\nprint(batch(0))\n"
+
+
+def git(*args, cwd):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A git daemon on loopback serving every repository under its folder: (folder, port)."""
+    base, port = tmp_path_factory.mktemp("git-served"), free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={base}", "--listen=127.0.0.1",
+                               f"--port={port}", "--reuseaddr", str(base)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def listening():
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, timeout=10, message="git daemon")
+        yield base, port
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+@pytest.fixture
+def repository(served):
+    """A repository of two commits, an annotated tag v1 at the first: (url, folder, v1's commit)."""
+    base, port = served
+    folder = base / f"proj-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    git("init", "--quiet", "-b", "main", cwd=folder)
+    (folder / "datautils.py").write_text(DATAUTILS)
+    (folder / "train.py").write_text(TRAIN)
+    git("add", ".", cwd=folder)
+    git("commit", "--quiet", "-m", "one", cwd=folder)
+    git("tag", "-a", "-m", "the first", "v1", cwd=folder)
+    first = git("rev-parse", "HEAD", cwd=folder)
+    (folder / "datautils.py").write_text(DATAUTILS + "# two\n")
+    (folder / "later.py").write_text("print('later')\n")
+    git("add", ".", cwd=folder)
+    git("commit", "--quiet", "-m", "two", cwd=folder)
+    return f"git://127.0.0.1:{port}/{folder.name}", folder, first
+
+
+@pytest.fixture
+def client(api_client, alice, settings):
+    settings.RINGMASTER_GIT_SCHEMES = ["https", "ssh", "git"]     # git:// is the test server's
+    return api_client(alice)
+
+
+def submit(client, url, ref, **more):
+    return client.post("/api/jobs/", {"image": "horovod-cpu", "gpus": 1, "git": {"url": url, "ref": ref, **more},
+                                      "entry_point": "train.py"}, format="json")
+
+
+@pytest.mark.django_db
+def test_a_job_at_a_tag_records_its_commit_and_runs_the_tags_files(client, image, alice, repository):
+    url, folder, first = repository
+    GitAllowedNetwork.objects.create(network="127.0.0.0/8", note="the test's git daemon")
+    response = submit(client, url, "v1")
+    assert response.status_code == 201, response.json()
+    job = client.get(f"/api/jobs/{response.json()['id']}/").json()
+    assert job["project"]["commit"] == first and job["project"]["url"] == url
+    assert job["project"]["entry_point"] == "train.py"
+    files = client.get(f"/api/jobs/{job['id']}/files/").json()
+    assert files == [{"path": "datautils.py", "size": len(DATAUTILS)}, {"path": "train.py", "size": len(TRAIN)}]
+    assert client.get(f"/api/jobs/{job['id']}/files/datautils.py").content == DATAUTILS.encode()
+
+    # The same files uploaded as an archive are the same snapshot, which records no commit.
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("datautils.py", DATAUTILS)
+        zipped.writestr("train.py", TRAIN)
+    archive.seek(0)
+    archive.name = "p.zip"
+    uploaded = client.post("/api/projects/", {"file": archive}, format="multipart").json()
+    assert uploaded["id"] == job["project"]["id"] and uploaded["sha256"] == job["project"]["sha256"]
+    plain = client.post("/api/jobs/", {"image": "horovod-cpu", "gpus": 1, "project": uploaded["id"],
+                                       "entry_point": "train.py"}, format="json").json()
+    assert plain["project"]["commit"] is None and plain["project"]["url"] is None
+
+    # A branch is fetched at its newest commit.
+    main = submit(client, url, "main").json()
+    assert main["project"]["commit"] == git("rev-parse", "main", cwd=folder)
+    assert {f["path"] for f in client.get(f"/api/jobs/{main['id']}/files/").json()} == \
+        {"datautils.py", "later.py", "train.py"}
+
+    # A rerun runs the same snapshot and records the same commit, though the tag has moved since.
+    git("tag", "-f", "-a", "-m", "moved", "v1", "main", cwd=folder)
+    from django.test import Client
+    browser = Client()
+    browser.force_login(alice)
+    assert browser.post(f"/jobs/{job['id']}/rerun/").status_code == 302
+    rerun = Job.objects.exclude(pk__in=[job["id"], plain["id"], main["id"]]).get()
+    assert rerun.project_id == job["project"]["id"] and rerun.project_commit == first and rerun.project_url == url
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url, ref, more, says", [
+    (None, "v9", {}, "The repository has no branch, tag or commit 'v9'"),
+    (None, "a" * 40, {}, "The repository has no branch, tag or commit"),
+    ("file:///etc", "v1", {}, "must start with https:// or ssh:// or git://"),
+    ("ext::sh -c touch% /tmp/ringmaster-pwned", "v1", {}, "may not start with '-' nor hold spaces"),
+    ("ext::ssh-evil", "v1", {}, "must start with"),
+    ("-u touch /tmp/ringmaster-pwned", "v1", {}, "may not start with '-'"),
+    ("git@example.com:org/repo.git", "v1", {}, "must start with"),
+    ("https://user:secret@example.com/r.git", "v1", {}, "Put no user name or password in the URL"),
+    (None, "--upload-pack=touch /tmp/ringmaster-pwned", {}, "is not a branch, tag or commit name"),
+    (None, "v1:refs/heads/x", {}, "is not a branch, tag or commit name"),
+    (None, "v1", {"token": "abc"}, "A token is sent only to https:// repositories"),
+    (None, "v1", {"credential": 1}, "Unknown key 'credential'"),
+])
+def test_what_git_may_not_fetch_is_400_on_git_saying_why(client, image, repository, url, ref, more, says):
+    GitAllowedNetwork.objects.create(network="127.0.0.0/8")
+    response = submit(client, url or repository[0], ref, **more)
+    assert response.status_code == 400
+    assert says in " ".join(response.json()["git"]), response.json()
+    assert Job.objects.count() == 0 and Project.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_repository_on_loopback_is_refused_unless_an_admin_allows_its_network(client, image, repository, settings):
+    response = submit(client, repository[0], "v1")
+    assert response.status_code == 400
+    assert "127.0.0.1 is a loopback address: git repositories are not fetched from there unless an admin " \
+           "allows its network" in response.json()["git"][0]
+    # Networks allowed for notifications are not allowed for git.
+    settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    assert submit(client, repository[0], "v1").status_code == 400
+    settings.RINGMASTER_GIT_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    assert submit(client, repository[0], "v1").status_code == 201
+    assert Job.objects.get().project_commit == repository[2]
