@@ -37,6 +37,11 @@ DEFAULT_PORTS = {"https": 443, "http": 80, "ssh": 22, "git": 9418}
 TOKEN_USER = "x-access-token"
 # What git says of a ref the repository does not have.
 MISSING = ("couldn't find remote ref", "not our ref", "unadvertised object", "no such ref")
+# git's words after a failed ssh connection, which say nothing of why.
+GENERIC = ("Could not read from remote repository", "Please make sure you have the correct access rights",
+           "and the repository exists")
+# What git says where the server wants credentials it was not given, or refused them.
+DENIED = ("could not read username", "authentication failed", "terminal prompts disabled", "permission denied")
 
 
 class BadGit(ValueError):
@@ -122,8 +127,8 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
         env = _environment(home, schemes)
         target = url.text
         if url.scheme in ("https", "http"):
-            host = f"[{address}]" if ":" in address else address
-            _config(env, "http.curloptResolve", f"{url.host}:{url.port}:{host}")
+            if url.host != address:          # a name: libcurl connects to the address it was checked at
+                _config(env, "http.curloptResolve", f"{url.host}:{url.port}:{_bracketed(address)}")
             _config(env, "http.followRedirects", "false")
             _config(env, "http.lowSpeedLimit", "1000")
             _config(env, "http.lowSpeedTime", str(max(5, int(timeout))))
@@ -142,8 +147,7 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
         elif url.scheme == "git":
             if token:
                 raise BadGit("A token is for https URLs.")
-            host = f"[{address}]" if ":" in address else address
-            target = urlsplit(url.text)._replace(netloc=f"{host}:{url.port}").geturl()
+            target = urlsplit(url.text)._replace(netloc=f"{_bracketed(address)}:{url.port}").geturl()
         repo = os.path.join(home, "repo")
         _git(["init", "--quiet", "--bare", repo], home, env, deadline, max_bytes)
         done = _git(["fetch", "--quiet", "--depth=1", "--no-tags", "--no-recurse-submodules", "--", target, ref],
@@ -152,6 +156,9 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
             said = _said(done.stderr, token)
             if any(words in said.lower() for words in MISSING):
                 raise MissingRef(f"The repository has no branch, tag or commit {ref!r}.")
+            if any(words in said.lower() for words in DENIED):
+                raise BadGit(f"{url.text} refused the fetch: a private repository needs a token (git.token, "
+                             f"https) that may read it. git said: {said}")
             raise BadGit(f"git could not fetch {ref!r} from {url.text}: {said or f'exit {done.returncode}'}")
         commit = _git(["rev-parse", "--verify", "--end-of-options", "FETCH_HEAD^{commit}"], repo, env, deadline,
                       max_bytes)
@@ -165,6 +172,10 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
             raise BadGit(f"git could not write the files of {commit}: {_said(made.stderr, token)}")
         with open(tarball, "rb") as handle:
             return Fetched(commit, handle.read())
+
+
+def _bracketed(address):
+    return f"[{address}]" if ":" in address else address
 
 
 def _environment(home, schemes=()):
@@ -205,6 +216,7 @@ def _git(args, cwd, env, deadline, max_bytes):
 
 def _said(stderr, token):
     """git's last error lines, short, without the token."""
-    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines()
+             if line.strip() and not any(words in line for words in GENERIC)]
     text = " ".join(lines[-2:])[:500]
     return text.replace(token, "***") if token else text

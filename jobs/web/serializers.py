@@ -50,9 +50,10 @@ class JobProjectSerializer(serializers.Serializer):
     id = serializers.IntegerField(source="project.id")
     sha256 = serializers.CharField(source="project.sha256")
     entry_point = serializers.CharField()
-    url = serializers.CharField(source="project_url", allow_null=True, help_text="The git repository; null: an archive.")
-    commit = serializers.CharField(source="project_commit", allow_null=True, help_text="The git commit the ref resolved "
-                                                                                      "to at submit; null: an archive.")
+    url = serializers.CharField(source="project_url", allow_null=True,
+                                help_text="The git repository; null: an archive.")
+    commit = serializers.CharField(source="project_commit", allow_null=True,
+                                   help_text="The git commit the ref resolved to at submit; null: an archive.")
 
     def to_representation(self, job):
         shown = super().to_representation(job)
