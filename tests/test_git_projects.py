@@ -109,11 +109,14 @@ def test_a_job_at_a_tag_records_its_commit_and_runs_the_tags_files(client, image
     assert {f["path"] for f in client.get(f"/api/jobs/{main['id']}/files/").json()} == \
         {"datautils.py", "later.py", "train.py"}
 
-    # A rerun runs the same snapshot and records the same commit, though the tag has moved since.
-    git("tag", "-f", "-a", "-m", "moved", "v1", "main", cwd=folder)
     from django.test import Client
     browser = Client()
     browser.force_login(alice)
+    page = browser.get(f"/jobs/{job['id']}/").content.decode()
+    assert f'<dd id="job-git"><code>{url}</code> at commit <code title="{first}">{first[:12]}</code>' in page
+
+    # A rerun runs the same snapshot and records the same commit, though the tag has moved since.
+    git("tag", "-f", "-a", "-m", "moved", "v1", "main", cwd=folder)
     assert browser.post(f"/jobs/{job['id']}/rerun/").status_code == 302
     rerun = Job.objects.exclude(pk__in=[job["id"], plain["id"], main["id"]]).get()
     assert rerun.project_id == job["project"]["id"] and rerun.project_commit == first and rerun.project_url == url
