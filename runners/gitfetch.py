@@ -149,7 +149,9 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
                 raise BadGit("A token is for https URLs.")
             target = urlsplit(url.text)._replace(netloc=f"{_bracketed(address)}:{url.port}").geturl()
         repo = os.path.join(home, "repo")
-        _git(["init", "--quiet", "--bare", repo], home, env, deadline, max_bytes)
+        # No template (no sample hooks); the fetched objects kept as one pack, one file under the limit.
+        _config(env, "transfer.unpackLimit", "1")
+        _git(["init", "--quiet", "--bare", "--template=", repo], home, env, deadline, max_bytes)
         done = _git(["fetch", "--quiet", "--depth=1", "--no-tags", "--no-recurse-submodules", "--", target, ref],
                     repo, env, deadline, max_bytes)
         if done.returncode != 0:
@@ -209,9 +211,22 @@ def _git(args, cwd, env, deadline, max_bytes):
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         raise BadGit("Fetching the repository took too long.") from None
-    if process.returncode in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ) or b"of signal 25" in err:
+    # A file stopped at the limit: git, or a process of its (index-pack), got SIGXFSZ.
+    if process.returncode != 0 and (process.returncode in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ)
+                                    or _any_file_reached(cwd, max_bytes)):
         raise BadGit(f"The repository is larger than the {max_bytes:,} bytes taken.")
     return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+def _any_file_reached(folder, size):
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                if os.lstat(os.path.join(root, name)).st_size >= size:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _said(stderr, token):

@@ -1,12 +1,16 @@
 """Projects from git (issue #60): the portal fetches a repository at a ref when the job is
 submitted, from a real `git daemon` on loopback, and the job records the commit; what it may
 not fetch from is a 400 on `git` that says why."""
+import base64
 import io
+import os
 import shutil
 import socket
 import subprocess
+import threading
 import uuid
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -157,3 +161,96 @@ def test_a_repository_on_loopback_is_refused_unless_an_admin_allows_its_network(
     settings.RINGMASTER_GIT_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     assert submit(client, repository[0], "v1").status_code == 201
     assert Job.objects.get().project_commit == repository[2]
+
+
+TOKEN = "tok-" + uuid.uuid4().hex
+
+
+class PrivateGit(BaseHTTPRequestHandler):
+    """`git http-backend` (smart HTTP) for the folder in server.base, to a client that sends
+    TOKEN as its password; others get 401."""
+
+    def do_GET(self):
+        self.serve()
+
+    def do_POST(self):
+        self.serve()
+
+    def serve(self):
+        expected = "Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
+        if self.headers.get("Authorization") != expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="git"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        env = {"PATH": "/usr/bin:/bin", "GIT_PROJECT_ROOT": str(self.server.base), "GIT_HTTP_EXPORT_ALL": "1",
+               "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": self.command,
+               "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+               "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""), "REMOTE_ADDR": "127.0.0.1"}
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        head, _, content = out.partition(b"\r\n\r\n")
+        headers = [line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line]
+        status = next((int(value.split()[0]) for name, value in headers if name.lower() == "status"), 200)
+        self.send_response(status)
+        for name, value in headers:
+            if name.lower() != "status":
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def private_http(served):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PrivateGit)
+    server.base = served[0]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.django_db
+def test_a_private_repository_is_fetched_with_a_token_used_once_and_never_kept(client, image, repository,
+                                                                              private_http, settings):
+    settings.RINGMASTER_GIT_SCHEMES = ["https", "http"]          # the test server speaks plain HTTP
+    settings.RINGMASTER_GIT_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]
+    # A name, as a real repository's: git connects to the address it was checked at.
+    url = f"http://localhost:{private_http}/{repository[1].name}"
+    refused = submit(client, url, "v1")
+    assert refused.status_code == 400 and "a private repository needs a token" in refused.json()["git"][0]
+    response = submit(client, url, "v1", token=TOKEN)
+    assert response.status_code == 201, response.json()
+    assert response.json()["project"]["commit"] == repository[2]
+    job = Job.objects.get()
+    assert TOKEN not in str(list(Job.objects.values()))
+    assert TOKEN not in client.get(f"/api/jobs/{job.pk}/").content.decode()
+
+
+def test_git_connects_to_the_address_the_host_was_checked_at(private_http, repository):
+    """A name that resolves nowhere (.invalid) is fetched from the address given: what the
+    portal checked is what git reaches, whatever the name resolves to by then."""
+    from runners import gitfetch
+
+    url = gitfetch.parse_url(f"http://git.invalid:{private_http}/{repository[1].name}", ("http",))
+    fetched = gitfetch.fetch(url, "v1", address="127.0.0.1", timeout=20, max_bytes=1 << 20, schemes=("http",),
+                             token=TOKEN)
+    assert fetched.commit == repository[2]
+    # A repository past the limit on what git writes stops there.
+    (repository[1] / "weights.bin").write_bytes(os.urandom(64 << 10))
+    git("add", ".", cwd=repository[1])
+    git("commit", "--quiet", "-m", "big", cwd=repository[1])
+    assert gitfetch.fetch(url, "v1", address="127.0.0.1", timeout=20, max_bytes=32 << 10, schemes=("http",),
+                          token=TOKEN).commit == repository[2]
+    with pytest.raises(gitfetch.BadGit, match="larger than the 32,768 bytes taken"):
+        gitfetch.fetch(url, "main", address="127.0.0.1", timeout=20, max_bytes=32 << 10, schemes=("http",),
+                       token=TOKEN)
