@@ -96,6 +96,31 @@ class Project(models.Model):
         return f"project {self.sha256[:12]}"
 
 
+class GitCredential(models.Model):
+    """A user's credential for private git repositories (jobs.domain.projects.store_git): a token
+    for https, or an SSH deploy key (made by the portal, or given) for ssh://. The secret is
+    stored encrypted (jobs.secrets) and never shown back; an SSH key's public half is shown, to be
+    added to the repository as its deploy key."""
+
+    class Kind(models.TextChoices):
+        TOKEN = "token", "A token (https)"
+        SSH_KEY = "ssh_key", "An SSH deploy key (ssh://)"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="git_credentials")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    secret_encrypted = models.TextField(editable=False)
+    public_key = models.TextField(blank=True, editable=False, help_text="An SSH key's public half (OpenSSH).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="git_credential_name_once_per_owner")]
+
+    def __str__(self):
+        return self.name
+
+
 class State(models.TextChoices):
     QUEUED = "QUEUED"
     LAUNCHING = "LAUNCHING"

@@ -113,12 +113,14 @@ def check_ref(ref):
     return ref
 
 
-def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None, known_hosts=None):
+def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None, ssh_key=None, known_hosts=None):
     """The commit that `ref` names in the repository at `url` (parse_url's, checked), and its
     files as a tar.gz. `address`: the one address (text) to connect to, checked by the caller;
     `timeout`: seconds for everything; `max_bytes`: the most any one file git writes may hold
     (the fetched pack, the archive); `token`: for https, sent as the password of
-    x-access-token; `known_hosts`: the ssh host keys a host must match. MissingRef where the
+    x-access-token; `ssh_key`: for ssh, a private key (OpenSSH's format) to log in with, written
+    for this fetch only (0600, in its temporary folder); `known_hosts`: the ssh host keys a host
+    must match. MissingRef where the
     repository has no such ref; BadGit for anything else that failed."""
     if shutil.which("git") is None:
         raise BadGit("This portal cannot fetch git repositories: git is not installed.")
@@ -127,6 +129,8 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
         env = _environment(home, schemes)
         target = url.text
         if url.scheme in ("https", "http"):
+            if ssh_key:
+                raise BadGit("An SSH key is for ssh:// URLs.")
             if url.host != address:          # a name: libcurl connects to the address it was checked at
                 _config(env, "http.curloptResolve", f"{url.host}:{url.port}:{_bracketed(address)}")
             _config(env, "http.followRedirects", "false")
@@ -138,14 +142,20 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
         elif url.scheme == "ssh":
             if token:
                 raise BadGit("A token is for https URLs; an ssh URL takes none.")
+            identity = ["-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none"]
+            if ssh_key:
+                key_file = os.path.join(home, "key")
+                with os.fdopen(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+                    out.write(ssh_key.strip() + "\n")
+                identity += ["-i", key_file]
             env["GIT_SSH_VARIANT"] = "ssh"
             env["GIT_SSH_COMMAND"] = shlex.join([
-                "ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "ssh", "-F", "/dev/null", *identity, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={known_hosts or '/dev/null'}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", f"HostKeyAlias={url.host}", "-o", f"HostName={address}", "-o", "CheckHostIP=no",
+                "-o", f"HostKeyAlias={_known_as(url)}", "-o", f"HostName={address}", "-o", "CheckHostIP=no",
                 "-o", f"ConnectTimeout={max(1, int(timeout))}"])
         elif url.scheme == "git":
-            if token:
+            if token or ssh_key:
                 raise BadGit("A token is for https URLs.")
             target = urlsplit(url.text)._replace(netloc=f"{_bracketed(address)}:{url.port}").geturl()
         repo = os.path.join(home, "repo")
@@ -174,6 +184,12 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
             raise BadGit(f"git could not write the files of {commit}: {_said(made.stderr, token)}")
         with open(tarball, "rb") as handle:
             return Fetched(commit, handle.read())
+
+
+def _known_as(url):
+    """The host's name in known_hosts, as ssh writes it there (ssh-keyscan too): host, or
+    [host]:port for a port other than 22."""
+    return url.host if url.port == 22 else f"[{url.host}]:{url.port}"
 
 
 def _bracketed(address):

@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from jobs.models import GitAllowedNetwork, Job, Project
+from jobs.models import GitAllowedNetwork, GitCredential, Job, Project
+from tests import sshd
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git (apt-get install git)")
@@ -139,7 +140,9 @@ def test_a_job_at_a_tag_records_its_commit_and_runs_the_tags_files(client, image
     (None, "--upload-pack=touch /tmp/ringmaster-pwned", {}, "is not a branch, tag or commit name"),
     (None, "v1:refs/heads/x", {}, "is not a branch, tag or commit name"),
     (None, "v1", {"token": "abc"}, "A token is sent only to https:// repositories"),
-    (None, "v1", {"credential": 1}, "Unknown key 'credential'"),
+    (None, "v1", {"password": "x"}, "Unknown key 'password'"),
+    (None, "v1", {"credential": 99999}, "No git credential with id 99999"),
+    (None, "v1", {"credential": "1"}, "credential must be the id of one of your git credentials"),
 ])
 def test_what_git_may_not_fetch_is_400_on_git_saying_why(client, image, repository, url, ref, more, says):
     GitAllowedNetwork.objects.create(network="127.0.0.0/8")
@@ -254,3 +257,51 @@ def test_git_connects_to_the_address_the_host_was_checked_at(private_http, repos
     with pytest.raises(gitfetch.BadGit, match="larger than the 32,768 bytes taken"):
         gitfetch.fetch(url, "main", address="127.0.0.1", timeout=20, max_bytes=32 << 10, schemes=("http",),
                        token=TOKEN)
+
+
+@pytest.mark.django_db
+def test_a_stored_token_is_kept_encrypted_and_only_its_owner_fetches_with_it(client, image, repository, private_http,
+                                                                            settings, api_client, make_user):
+    settings.RINGMASTER_GIT_SCHEMES = ["https", "http", "ssh"]
+    settings.RINGMASTER_GIT_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]
+    added = client.post("/api/git-credentials/", {"name": "ci", "kind": "token", "secret": TOKEN}, format="json")
+    assert added.status_code == 201, added.json()
+    assert set(added.json()) == {"id", "name", "kind", "public_key", "created_at"} and TOKEN not in added.content.decode()
+    assert TOKEN not in str(list(GitCredential.objects.values()))          # encrypted at rest
+    url = f"http://localhost:{private_http}/{repository[1].name}"
+    response = submit(client, url, "v1", credential=added.json()["id"])
+    assert response.status_code == 201, response.json()
+    assert response.json()["project"]["commit"] == repository[2]
+    # A token is not for ssh://; another user cannot use it, nor see it.
+    assert "is a token: it is for https:// URLs" in \
+        submit(client, "ssh://git@127.0.0.1/x.git", "v1", credential=added.json()["id"]).json()["git"][0]
+    bob = api_client(make_user("bob"))
+    refused = submit(bob, url, "v1", credential=added.json()["id"])
+    assert refused.status_code == 400 and "No git credential with id" in refused.json()["git"][0]
+    assert bob.get(f"/api/git-credentials/{added.json()['id']}/").status_code == 404
+    assert client.delete(f"/api/git-credentials/{added.json()['id']}/").status_code == 204
+    assert GitCredential.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(not sshd.available(), reason="needs openssh-server")
+def test_a_deploy_key_the_portal_made_fetches_over_ssh_from_a_known_host(client, image, repository, settings,
+                                                                        tmp_path):
+    added = client.post("/api/git-credentials/", {"name": "deploy", "kind": "ssh_key"}, format="json").json()
+    assert added["public_key"].startswith("ssh-ed25519 ")
+    assert "PRIVATE KEY" not in str(added) and "PRIVATE KEY" not in str(list(GitCredential.objects.values()))
+    (tmp_path / "deploy.pub").write_text(added["public_key"] + "\n")
+    server = sshd.Sshd(tmp_path, "127.0.0.2", sshd.free_port_on(["127.0.0.2"]), tmp_path / "deploy.pub").start()
+    try:
+        settings.RINGMASTER_GIT_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+        settings.RINGMASTER_GIT_SSH_KNOWN_HOSTS = str(tmp_path / "known_hosts")
+        url = f"ssh://root@127.0.0.2:{server.port}{repository[1]}"
+        (tmp_path / "known_hosts").write_text("")
+        unknown = submit(client, url, "v1", credential=added["id"])
+        assert unknown.status_code == 400 and "Host key verification failed" in unknown.json()["git"][0]
+        (tmp_path / "known_hosts").write_text(f"[127.0.0.2]:{server.port} {server.host_key_line()}\n")
+        response = submit(client, url, "v1", credential=added["id"])
+        assert response.status_code == 201, response.json()
+        assert response.json()["project"]["commit"] == repository[2]
+    finally:
+        server.stop()

@@ -16,7 +16,7 @@ from jobs import backends
 from jobs.domain import projects, quotas
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import Image
+from jobs.models import GitCredential, Image
 from runners import launchers
 
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -238,10 +238,11 @@ class ImageField(forms.Field):
 
 
 class GitField(forms.Field):
-    """A git repository at a ref (the API's shape): {"url", "ref"}, and for a private https
-    repository "token", used for the fetch at submit only (never kept, never shown)."""
+    """A git repository at a ref (the API's shape): {"url", "ref"}, and for a private repository
+    "credential" (the id of one of the user's git credentials) or "token" (https: used for the
+    fetch at submit only, never kept, never shown)."""
 
-    KEYS = ("url", "ref", "token")
+    KEYS = ("url", "ref", "token", "credential")
 
     def to_python(self, value):
         if value in (None, "", {}):
@@ -251,8 +252,12 @@ class GitField(forms.Field):
         unknown = sorted(str(key) for key in value if key not in self.KEYS)
         if unknown:
             raise forms.ValidationError(f"Unknown key {unknown[0]!r}: git takes url, ref and token.")
-        if not all(isinstance(value.get(key, ""), str) for key in self.KEYS):
+        if not all(isinstance(value.get(key, ""), str) for key in ("url", "ref", "token")):
             raise forms.ValidationError("url, ref and token must be strings.")
+        credential = value.get("credential")
+        if credential is not None and (isinstance(credential, bool) or not isinstance(credential, int)
+                                       or not 0 < credential < 2 ** 31):
+            raise forms.ValidationError("credential must be the id of one of your git credentials.")
         token = value.get("token") or None
         if token is not None and (len(token) > 4096 or any(ord(c) < 0x21 or ord(c) == 0x7f for c in token)):
             raise forms.ValidationError("The token must be one word of printable characters.")
@@ -262,7 +267,9 @@ class GitField(forms.Field):
             raise forms.ValidationError(str(exc)) from None
         if token and url.scheme not in ("https", "http"):      # http: only where the site takes it, trusted
             raise forms.ValidationError("A token is sent only to https:// repositories.")
-        return {"url": url, "ref": ref, "token": token}
+        if token and credential is not None:
+            raise forms.ValidationError("Give a token or a credential, not both.")
+        return {"url": url, "ref": ref, "token": token, "credential": credential}
 
 
 class JobForm(forms.Form):
@@ -350,6 +357,20 @@ class JobForm(forms.Form):
         if project is None:
             raise forms.ValidationError(f"No project with id {project_id}. Upload it first (POST /api/projects/).")
         return project
+
+    def clean_git(self):
+        """The repository, with the user's own credential in place of its id."""
+        git = self.cleaned_data["git"]
+        if git is None or git["credential"] is None:
+            return git
+        credential = projects.visible_git_credentials(self.user).filter(pk=git["credential"]).first()
+        if credential is None:
+            raise forms.ValidationError(f"No git credential with id {git['credential']}. Add it first "
+                                        f"(POST /api/git-credentials/).")
+        problem = projects.credential_problem(credential, git["url"])
+        if problem:
+            raise forms.ValidationError(problem)
+        return {**git, "credential": credential}
 
     def clean_script_path(self):
         path = self.cleaned_data["script_path"]
@@ -488,8 +509,8 @@ class JobForm(forms.Form):
         """The repository fetched now, at its ref, as the job's project (and its commit)."""
         git = data["git"]
         try:
-            data["project"], data["project_commit"] = projects.store_git(self.user, git["url"], git["ref"],
-                                                                         token=git["token"])
+            data["project"], data["project_commit"] = projects.store_git(
+                self.user, git["url"], git["ref"], token=git["token"], credential=git["credential"])
         except (projects.BadGit, projects.BadProject) as exc:
             self.add_error("git", str(exc))
             return
@@ -620,6 +641,48 @@ class ProjectUploadForm(forms.Form):
         if upload.size > limit:
             raise forms.ValidationError(f"The archive is {upload.size:,} bytes; at most {limit:,} are taken.")
         return upload.read(limit + 1)
+
+
+class GitCredentialForm(forms.Form):
+    """A credential for private git repositories: a token, or an SSH deploy key (given, or made
+    by the portal where none is given)."""
+
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=GitCredential.Kind.choices)
+    secret = forms.CharField(max_length=20_000, required=False, strip=False,
+                             help_text="The token; or the SSH private key (unencrypted, OpenSSH or PEM); "
+                                       "none for an SSH key: the portal makes one and shows its public half.")
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        _no_nul(name, "The name")
+        if projects.visible_git_credentials(self.user).filter(name=name).exists():
+            raise forms.ValidationError(f"You have a git credential named {name!r} already.")
+        return name
+
+    def clean(self):
+        data = super().clean()
+        kind, secret = data.get("kind"), (data.get("secret") or "").strip()
+        if text_problem(secret):
+            self.add_error("secret", f"The secret {text_problem(secret)}.")
+        elif kind == GitCredential.Kind.TOKEN and (not secret or any(ord(c) < 0x21 or ord(c) == 0x7f for c in secret)
+                                                 or len(secret) > 4096):
+            self.add_error("secret", "Give the token: one word of printable characters.")
+        elif kind == GitCredential.Kind.SSH_KEY and secret:
+            try:
+                projects.read_ssh_key(secret)
+            except ValueError as exc:
+                self.add_error("secret", str(exc))
+        data["secret"] = secret
+        return data
+
+    def save(self):
+        data = self.cleaned_data
+        return projects.add_git_credential(self.user, data["name"], data["kind"], data["secret"])
 
 
 def safe_script_name(name):

@@ -201,6 +201,8 @@ class GitRequest(serializers.Serializer):
     ref = serializers.CharField(help_text="A branch, a tag or a full commit id.")
     token = serializers.CharField(required=False, write_only=True,
                                   help_text="For a private https repository: used for this fetch only, never kept.")
+    credential = serializers.IntegerField(required=False, help_text="Or one of your git credentials "
+                                                                    "(GET /api/git-credentials/): its id.")
 
 
 class JobCreateRequest(serializers.Serializer):
