@@ -10,7 +10,8 @@ temporary folder that is removed after, under a time limit and a limit on the by
 (RLIMIT_FSIZE), and connects only to the address the caller checked (`address`): libcurl's
 resolve entry for http(s), ssh's HostName for ssh, the address itself for git://. HTTP
 redirects are not followed. A token for https is given to git through its environment
-(GIT_CONFIG_*), never in its arguments, and never appears in what this module returns or raises.
+(GIT_CONFIG_*), never in its arguments, and never appears in what this module returns or raises;
+an SSH key is written for the one fetch (0600) into the temporary folder.
 
 The fetch is shallow (one commit, no tags); `git archive` then writes the commit's tree, which
 the caller reads as an untrusted archive (runners.projects.read_archive).
@@ -120,8 +121,8 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
     (the fetched pack, the archive); `token`: for https, sent as the password of
     x-access-token; `ssh_key`: for ssh, a private key (OpenSSH's format) to log in with, written
     for this fetch only (0600, in its temporary folder); `known_hosts`: the ssh host keys a host
-    must match. MissingRef where the
-    repository has no such ref; BadGit for anything else that failed."""
+    must match. MissingRef where the repository has no such ref; BadGit for anything else that
+    failed."""
     if shutil.which("git") is None:
         raise BadGit("This portal cannot fetch git repositories: git is not installed.")
     deadline = time.monotonic() + timeout
@@ -156,7 +157,7 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
                 "-o", f"ConnectTimeout={max(1, int(timeout))}"])
         elif url.scheme == "git":
             if token or ssh_key:
-                raise BadGit("A token is for https URLs.")
+                raise BadGit("A token is for https URLs, an SSH key for ssh:// URLs.")
             target = urlsplit(url.text)._replace(netloc=f"{_bracketed(address)}:{url.port}").geturl()
         repo = os.path.join(home, "repo")
         # No template (no sample hooks); the fetched objects kept as one pack, one file under the limit.
@@ -169,8 +170,8 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
             if any(words in said.lower() for words in MISSING):
                 raise MissingRef(f"The repository has no branch, tag or commit {ref!r}.")
             if any(words in said.lower() for words in DENIED):
-                raise BadGit(f"{url.text} refused the fetch: a private repository needs a token (git.token, "
-                             f"https) that may read it. git said: {said}")
+                raise BadGit(f"{url.text} refused the fetch: a private repository needs a credential that may "
+                             f"read it (git.credential; or git.token for https). git said: {said}")
             raise BadGit(f"git could not fetch {ref!r} from {url.text}: {said or f'exit {done.returncode}'}")
         commit = _git(["rev-parse", "--verify", "--end-of-options", "FETCH_HEAD^{commit}"], repo, env, deadline,
                       max_bytes)

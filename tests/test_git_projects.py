@@ -230,7 +230,7 @@ def test_a_private_repository_is_fetched_with_a_token_used_once_and_never_kept(c
     # A name, as a real repository's: git connects to the address it was checked at.
     url = f"http://localhost:{private_http}/{repository[1].name}"
     refused = submit(client, url, "v1")
-    assert refused.status_code == 400 and "a private repository needs a token" in refused.json()["git"][0]
+    assert refused.status_code == 400 and "a private repository needs a credential" in refused.json()["git"][0]
     response = submit(client, url, "v1", token=TOKEN)
     assert response.status_code == 201, response.json()
     assert response.json()["project"]["commit"] == repository[2]
