@@ -36,6 +36,7 @@ HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\Z")
 REF_CHARS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*\Z")
 DEFAULT_PORTS = {"https": 443, "http": 80, "ssh": 22, "git": 9418}
 TOKEN_USER = "x-access-token"
+NO_GIT = "This portal cannot fetch git repositories: git is not installed."
 # What git says of a ref the repository does not have.
 MISSING = ("couldn't find remote ref", "not our ref", "unadvertised object", "no such ref")
 # git's words after a failed ssh connection, which say nothing of why.
@@ -107,6 +108,8 @@ def check_ref(ref):
     good = len(ref) <= MAX_REF_CHARS and REF_CHARS.match(ref) and ".." not in ref and "//" not in ref \
         and "/." not in ref and not ref.endswith((".", "/", ".lock"))
     if good and not FULL_COMMIT.match(ref):
+        if shutil.which("git") is None:
+            raise BadGit(NO_GIT)
         good = subprocess.run(["git", "check-ref-format", "--allow-onelevel", ref], env=_environment("/"),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10).returncode == 0
     if not good:
@@ -124,7 +127,7 @@ def fetch(url, ref, *, address, timeout, max_bytes, schemes=SCHEMES, token=None,
     must match. MissingRef where the repository has no such ref; BadGit for anything else that
     failed."""
     if shutil.which("git") is None:
-        raise BadGit("This portal cannot fetch git repositories: git is not installed.")
+        raise BadGit(NO_GIT)
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="ringmaster-git-") as home:
         env = _environment(home, schemes)
