@@ -11,7 +11,7 @@ from jobs import backends
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
 from jobs.models import (
-    Image, Job, JobEvent, NotifyAllowedNetwork, Quota, Script, State, UserSettings,
+    GitAllowedNetwork, Image, Job, JobEvent, NotifyAllowedNetwork, Quota, Script, State, UserSettings,
 )
 
 
@@ -183,6 +183,16 @@ class NotifyAllowedNetworkAdmin(admin.ModelAdmin):
     """Networks that notification targets may point at although they are private, loopback,
     link-local or the portal's own (jobs.domain.destinations); beside the setting
     RINGMASTER_NOTIFY_ALLOWED_NETWORKS. A change holds at once, in web and workers."""
+
+    list_display = ["network", "note"]
+    search_fields = ["network", "note"]
+
+
+@admin.register(GitAllowedNetwork)
+class GitAllowedNetworkAdmin(admin.ModelAdmin):
+    """Networks that git repositories may be fetched from although they are private, loopback,
+    link-local or the portal's own (jobs.domain.destinations); beside the setting
+    RINGMASTER_GIT_ALLOWED_NETWORKS. A list apart from notifications': a fetch reads from there."""
 
     list_display = ["network", "note"]
     search_fields = ["network", "note"]

@@ -115,6 +115,31 @@ class Project(models.Model):
         return f"project {self.sha256[:12]}"
 
 
+class GitCredential(models.Model):
+    """A user's credential for private git repositories (jobs.domain.projects.store_git): a token
+    for https, or an SSH deploy key (made by the portal, or given) for ssh://. The secret is
+    stored encrypted (jobs.secrets) and never shown back; an SSH key's public half is shown, to be
+    added to the repository as its deploy key."""
+
+    class Kind(models.TextChoices):
+        TOKEN = "token", "A token (https)"
+        SSH_KEY = "ssh_key", "An SSH deploy key (ssh://)"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="git_credentials")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    secret_encrypted = models.TextField(editable=False)
+    public_key = models.TextField(blank=True, editable=False, help_text="An SSH key's public half (OpenSSH).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="git_credential_name_once_per_owner")]
+
+    def __str__(self):
+        return self.name
+
+
 class State(models.TextChoices):
     QUEUED = "QUEUED"
     LAUNCHING = "LAUNCHING"
@@ -157,6 +182,10 @@ class Job(models.Model):
     script_path = models.CharField(max_length=1024, blank=True)
     project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     entry_point = models.CharField(max_length=1024, blank=True, help_text="The project's file the job runs.")
+    # A project fetched from git: the repository, and the commit its ref resolved to at submit
+    # (the snapshot itself is shared with any upload of the same files).
+    project_url = models.CharField(max_length=2048, blank=True, help_text="The git repository the project came from.")
+    project_commit = models.CharField(max_length=64, blank=True, help_text="The git commit the project's files are.")
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     launcher = models.CharField(max_length=20, default=launchers.DEFAULT, choices=launchers.choices(),
@@ -563,18 +592,16 @@ class JobNotice(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "kind"], name="job_notice_once_per_kind")]
 
 
-class NotifyAllowedNetwork(models.Model):
-    """A network notification targets may point at although it is private, loopback, link-local
-    or this machine's (an intranet chat server, say): set by an admin, beside the setting
-    RINGMASTER_NOTIFY_ALLOWED_NETWORKS (jobs.domain.destinations)."""
+class AllowedNetwork(models.Model):
+    """An address range the portal may connect to on a user's behalf although it is private,
+    loopback, link-local or this machine's (jobs.domain.destinations): set by an admin."""
 
     network = models.CharField(max_length=50, unique=True, help_text="An address range, e.g. 10.20.0.0/16 or fd00::/8.")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["network"]
-        verbose_name = "network allowed for notifications"
-        verbose_name_plural = "networks allowed for notifications"
 
     def __str__(self):
         return self.network
@@ -588,3 +615,22 @@ class NotifyAllowedNetwork(models.Model):
             self.network = str(ipaddress.ip_network(self.network.strip(), strict=False))
         except ValueError:
             raise ValidationError({"network": "Give an address range, e.g. 10.20.0.0/16."}) from None
+
+
+class NotifyAllowedNetwork(AllowedNetwork):
+    """A network notification targets may point at (an intranet chat server, say), beside the
+    setting RINGMASTER_NOTIFY_ALLOWED_NETWORKS."""
+
+    class Meta(AllowedNetwork.Meta):
+        verbose_name = "network allowed for notifications"
+        verbose_name_plural = "networks allowed for notifications"
+
+
+class GitAllowedNetwork(AllowedNetwork):
+    """A network git repositories may be fetched from (an intranet git server, say), beside the
+    setting RINGMASTER_GIT_ALLOWED_NETWORKS. A list of its own: allowing notifications to reach
+    a network does not let users' fetches read from it."""
+
+    class Meta(AllowedNetwork.Meta):
+        verbose_name = "network allowed for git repositories"
+        verbose_name_plural = "networks allowed for git repositories"

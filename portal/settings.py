@@ -311,6 +311,15 @@ RINGMASTER_PROJECT_MAX_FILES = int(os.environ.get("RINGMASTER_PROJECT_MAX_FILES"
 RINGMASTER_ENVS_DIR = Path(os.environ.get("RINGMASTER_ENVS_DIR", DATA_DIR / "envs")).resolve()
 RINGMASTER_INSTALL_NETWORK = os.environ.get("RINGMASTER_INSTALL_NETWORK", "outbound" if os.geteuid() == 0 else "none")
 RINGMASTER_PIP_INDEX_URL = os.environ.get("RINGMASTER_PIP_INDEX_URL", "")
+# Projects from git (runners.gitfetch), fetched by the portal at submit: the URL schemes taken
+# (comma separated; http and git are for a trusted network only), the seconds a fetch may take,
+# the address ranges a repository may be at although they are private, loopback, link-local or
+# this machine's (admins may add more in the admin: networks allowed for git repositories), and
+# the ssh host keys an ssh:// repository's host must match (ssh's known_hosts format).
+RINGMASTER_GIT_SCHEMES = env_list("RINGMASTER_GIT_SCHEMES", "https,ssh")
+RINGMASTER_GIT_TIMEOUT_SECONDS = float(os.environ.get("RINGMASTER_GIT_TIMEOUT_SECONDS", "60"))
+RINGMASTER_GIT_ALLOWED_NETWORKS = env_list("RINGMASTER_GIT_ALLOWED_NETWORKS")
+RINGMASTER_GIT_SSH_KNOWN_HOSTS = os.environ.get("RINGMASTER_GIT_SSH_KNOWN_HOSTS", "/etc/ssh/ssh_known_hosts")
 # Artifacts of jobs that ended longer ago than this are deleted by beat (jobs.tasks.expire_artifacts).
 RINGMASTER_ARTIFACT_RETENTION_DAYS = float(os.environ.get("RINGMASTER_ARTIFACT_RETENTION_DAYS", "30"))
 # Local jobs run in a bubblewrap sandbox: "auto" where bwrap is installed, "bwrap" always (an error

@@ -7,6 +7,7 @@ command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
 command -v bwrap >/dev/null || need+=(bubblewrap)        # the sandbox of jobs on this machine
 command -v pasta >/dev/null || need+=(passt)             # its way out (RINGMASTER_JOB_NETWORK=outbound)
+command -v git >/dev/null || need+=(git)                  # projects from git: the portal's fetch, git daemon, http-backend
 command -v sudo >/dev/null || need+=(sudo)                # an instance account that may `sudo -n` (tests/integration/test_instance_isolation.py)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]}"

@@ -141,7 +141,8 @@ def test_an_uploaded_project_is_kept_once_and_a_job_runs_it_and_shows_its_files(
                                           "entry_point": "./train.py"}, format="json")
     assert response.status_code == 201, response.json()
     job = response.json()
-    assert job["project"] == {"id": project, "sha256": one.json()["sha256"], "entry_point": "train.py"}
+    assert job["project"] == {"id": project, "sha256": one.json()["sha256"], "entry_point": "train.py",
+                              "url": None, "commit": None}          # an archive: no git repository
     assert job["script_name"] == "train.py"
     assert client.get(f"/api/jobs/{job['id']}/").json()["project"]["entry_point"] == "train.py"
     files = client.get(f"/api/jobs/{job['id']}/files/").json()

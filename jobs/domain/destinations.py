@@ -1,8 +1,10 @@
-"""Where notifications may go: never to the portal's own machine, nor to a private, loopback,
-link-local or other address that is not the Internet's, unless an admin allows its network
-(settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS, and the admin's NotifyAllowedNetwork rows).
+"""Where notifications may go, and git repositories be fetched from: never the portal's own
+machine, nor a private, loopback, link-local or other address that is not the Internet's, unless
+an admin allows its network (for notifications: settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS and
+the admin's NotifyAllowedNetwork rows; for git, a list apart, as a fetch reads from there:
+RINGMASTER_GIT_ALLOWED_NETWORKS and GitAllowedNetwork rows).
 
-A target's host is checked when it is saved and again, after its name is resolved, right
+A notification target's host is checked when it is saved and again, after its name is resolved, right
 before each delivery (a name may resolve elsewhere later): a user cannot make the portal's
 workers reach its database, its metadata service or an intranet service on their behalf.
 """
@@ -12,7 +14,7 @@ import socket
 import psutil
 from django.conf import settings
 
-from jobs.models import NotifyAllowedNetwork
+from jobs.models import GitAllowedNetwork, NotifyAllowedNetwork
 
 
 class Refused(Exception):
@@ -23,15 +25,24 @@ class Unresolved(Refused):
     """A host name that resolves to no address (now: it may later)."""
 
 
-def allowed_networks():
+def allowed_networks(texts=None):
+    """The networks of `texts` (address ranges); none given: those allowed for notifications."""
+    if texts is None:
+        texts = [*settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS,
+                 *NotifyAllowedNetwork.objects.values_list("network", flat=True)]
     networks = []
-    for text in [*settings.RINGMASTER_NOTIFY_ALLOWED_NETWORKS,
-                 *NotifyAllowedNetwork.objects.values_list("network", flat=True)]:
+    for text in texts:
         try:
             networks.append(ipaddress.ip_network(text, strict=False))
         except ValueError:
             continue                  # the admin's form refuses these; a bad entry of the setting is left out
     return networks
+
+
+def git_allowed_networks():
+    """The networks git repositories may be fetched from although they are not the Internet's."""
+    return allowed_networks([*settings.RINGMASTER_GIT_ALLOWED_NETWORKS,
+                             *GitAllowedNetwork.objects.values_list("network", flat=True)])
 
 
 def own_addresses():
@@ -74,6 +85,7 @@ def refused_kind(address, allowed=None, own=None):
 
 
 UNLESS = "notifications may not go there unless an admin allows its network"
+GIT_UNLESS = "git repositories are not fetched from there unless an admin allows its network"
 
 
 def resolve(host, port=None):
@@ -96,17 +108,18 @@ def resolve(host, port=None):
     return addresses
 
 
-def checked(host, port=None, allowed=None, own=None):
-    """The addresses of `host`, every one of them allowed; else Refused saying why. `allowed` and
-    `own` (allowed_networks(), own_addresses()) are read now unless given: a caller that checks
-    from a thread with no database connection of its own reads them first."""
+def checked(host, port=None, allowed=None, own=None, unless=UNLESS):
+    """The addresses of `host`, every one of them allowed; else Refused saying why (ending in
+    `unless`). `allowed` and `own` (allowed_networks(), own_addresses()) are read now unless
+    given: a caller that checks from a thread with no database connection of its own reads them
+    first; git's caller gives git_allowed_networks()."""
     addresses = resolve(host, port)
     allowed = allowed_networks() if allowed is None else allowed
     own = own_addresses() if own is None else own
     for address in addresses:
         kind = refused_kind(address, allowed, own)
         if kind and str(address) == host.strip("[]"):
-            raise Refused(f"{address} is {kind}: {UNLESS}")
+            raise Refused(f"{address} is {kind}: {unless}")
         if kind:
-            raise Refused(f"{host} resolves to {address}, {kind}: {UNLESS}")
+            raise Refused(f"{host} resolves to {address}, {kind}: {unless}")
     return addresses

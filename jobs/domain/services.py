@@ -39,6 +39,7 @@ def submit(user, form, parent=None, checkpoint=""):
     if parent is not None:
         fields["parent"] = parent
         fields["checkpoint"] = checkpoint
+    _keep_origin(fields)
     upload = form.cleaned_data.get("script_file")
     with transaction.atomic():
         if upload:
@@ -51,6 +52,15 @@ def submit(user, form, parent=None, checkpoint=""):
             states.note(job.pk, f"Warning: {warning}")
         taskqueue.wake_scheduler()
     return job
+
+
+def _keep_origin(fields):
+    """A rerun of a job that ran a project fetched from git runs the same snapshot (resubmit_data
+    gives its id, nothing is fetched again) and records the same repository and commit."""
+    parent, project = fields.get("parent"), fields.get("project")
+    if parent is not None and project is not None and not fields.get("project_commit") \
+            and parent.project_id and parent.project_commit and parent.project.sha256 == project.sha256:
+        fields["project_url"], fields["project_commit"] = parent.project_url, parent.project_commit
 
 
 def resubmit_data(job, user=None):

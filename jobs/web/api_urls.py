@@ -1,12 +1,14 @@
 from django.urls import path
 
-from jobs.web import api, artifact_api, backend_api, compare_views, notify_api, project_api
+from jobs.web import api, artifact_api, backend_api, compare_views, git_api, notify_api, project_api
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
     path("images/", api.ImageList.as_view(), name="api-images"),
     path("scripts/", api.ScriptList.as_view(), name="api-scripts"),
     path("projects/", project_api.ProjectList.as_view(), name="api-projects"),
+    path("git-credentials/", git_api.GitCredentialList.as_view(), name="api-git-credentials"),
+    path("git-credentials/<id:credential_id>/", git_api.GitCredentialDetail.as_view(), name="api-git-credential"),
     path("jobs/", api.JobList.as_view(), name="api-jobs"),
     path("jobs/<id:job_id>/", api.JobDetail.as_view(), name="api-job"),
     path("jobs/<id:job_id>/cancel/", api.JobCancel.as_view(), name="api-job-cancel"),

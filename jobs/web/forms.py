@@ -16,7 +16,7 @@ from jobs import backends
 from jobs.domain import projects, quotas, sourcecheck
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import Image
+from jobs.models import GitCredential, Image
 from runners import launchers
 
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -237,6 +237,41 @@ class ImageField(forms.Field):
         return image
 
 
+class GitField(forms.Field):
+    """A git repository at a ref (the API's shape): {"url", "ref"}, and for a private repository
+    "credential" (the id of one of the user's git credentials) or "token" (https: used for the
+    fetch at submit only, never kept, never shown)."""
+
+    KEYS = ("url", "ref", "token", "credential")
+
+    def to_python(self, value):
+        if value in (None, "", {}):
+            return None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('Must be an object: {"url": ..., "ref": ...}.')
+        unknown = sorted(str(key) for key in value if key not in self.KEYS)
+        if unknown:
+            raise forms.ValidationError(f"Unknown key {unknown[0]!r}: git takes url, ref and token.")
+        if not all(isinstance(value.get(key, ""), str) for key in ("url", "ref", "token")):
+            raise forms.ValidationError("url, ref and token must be strings.")
+        credential = value.get("credential")
+        if credential is not None and (isinstance(credential, bool) or not isinstance(credential, int)
+                                       or not 0 < credential < 2 ** 31):
+            raise forms.ValidationError("credential must be the id of one of your git credentials.")
+        token = value.get("token") or None
+        if token is not None and (len(token) > 4096 or any(ord(c) < 0x21 or ord(c) == 0x7f for c in token)):
+            raise forms.ValidationError("The token must be one word of printable characters.")
+        try:
+            url, ref = projects.git_source(value.get("url", "").strip(), value.get("ref", "").strip())
+        except projects.BadGit as exc:
+            raise forms.ValidationError(str(exc)) from None
+        if token and url.scheme not in ("https", "http"):      # http: only where the site takes it, trusted
+            raise forms.ValidationError("A token is sent only to https:// repositories.")
+        if token and credential is not None:
+            raise forms.ValidationError("Give a token or a credential, not both.")
+        return {"url": url, "ref": ref, "token": token, "credential": credential}
+
+
 class JobForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     image = ImageField()
@@ -252,6 +287,8 @@ class JobForm(forms.Form):
     script_path = forms.CharField(max_length=1024, required=False, strip=False, label="Script path")
     project = forms.IntegerField(required=False, min_value=1,
                                  help_text="A project uploaded as an archive (POST /api/projects/): its id.")
+    git = GitField(required=False, help_text='Or a git repository at a branch, tag or commit: {"url", "ref"}, '
+                                             'fetched by the portal at submit.')
     entry_point = forms.CharField(max_length=1024, required=False, strip=False, label="Entry point",
                                   help_text="The project's .py file the job runs, e.g. train.py or src/train.py; "
                                             "the working directory is the project's root.")
@@ -334,6 +371,20 @@ class JobForm(forms.Form):
             raise forms.ValidationError(f"No project with id {project_id}. Upload it first (POST /api/projects/).")
         return project
 
+    def clean_git(self):
+        """The repository, with the user's own credential in place of its id."""
+        git = self.cleaned_data["git"]
+        if git is None or git["credential"] is None:
+            return git
+        credential = projects.visible_git_credentials(self.user).filter(pk=git["credential"]).first()
+        if credential is None:
+            raise forms.ValidationError(f"No git credential with id {git['credential']}. Add it first "
+                                        f"(POST /api/git-credentials/).")
+        problem = projects.credential_problem(credential, git["url"])
+        if problem:
+            raise forms.ValidationError(problem)
+        return {**git, "credential": credential}
+
     def clean_script_path(self):
         path = self.cleaned_data["script_path"]
         _no_nul(path, "The script path")
@@ -396,14 +447,16 @@ class JobForm(forms.Form):
     def clean(self):
         data = super().clean()
         script, path, project = data.get("script"), data.get("script_path"), data.get("project")
-        if not {"script", "script_path", "project"} & set(self.errors):
-            given = sum(bool(source) for source in (script, path, self._has_upload(), project))
+        if not {"script", "script_path", "project", "git"} & set(self.errors):
+            given = sum(bool(source) for source in (script, path, self._has_upload(), project, data.get("git")))
             if given > 1:
                 self.add_error("script", "Give only one of: a script from the library, an uploaded file, a script "
-                                         "path, a project.")
+                                         "path, a project, a git repository.")
             elif given == 0:
                 self.add_error("script", "Choose a script: upload one, pick one from the library, "
                                          "give the path of a script inside the image, or give a project.")
+            elif data.get("git"):
+                self._fetch_git(data)
         self._clean_entry_point(data)
         backend, gpus = data.get("backend"), data.get("gpus")
         self._clean_launcher(data)
@@ -467,10 +520,21 @@ class JobForm(forms.Form):
             self.add_error("launcher", f"{backend.label} cannot start {launchers.LAUNCHERS[name].label} jobs yet"
                                        f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
 
+    def _fetch_git(self, data):
+        """The repository fetched now, at its ref, as the job's project (and its commit)."""
+        git = data["git"]
+        try:
+            data["project"], data["project_commit"] = projects.store_git(
+                self.user, git["url"], git["ref"], token=git["token"], credential=git["credential"])
+        except (projects.BadGit, projects.BadProject) as exc:
+            self.add_error("git", str(exc))
+            return
+        data["project_url"] = git["url"].text
+
     def _clean_entry_point(self, data):
         """A project's entry point: a .py file in it; none without a project."""
         project, entry = data.get("project"), (data.get("entry_point") or "").strip()
-        if "project" in self.errors or "entry_point" in self.errors:
+        if {"project", "entry_point", "git"} & set(self.errors):
             return
         if project is None:
             if entry:
@@ -517,6 +581,8 @@ class JobForm(forms.Form):
             "script_path": data["script_path"] if not data["script"] else "",
             "project": data.get("project"),
             "entry_point": (data.get("entry_point") or "") if data.get("project") else "",
+            "project_url": data.get("project_url") or "",
+            "project_commit": data.get("project_commit") or "",
             "args": data["args"],
             "env": data["env"],
             "launcher": data["launcher"],
@@ -607,6 +673,48 @@ class ProjectUploadForm(forms.Form):
         if upload.size > limit:
             raise forms.ValidationError(f"The archive is {upload.size:,} bytes; at most {limit:,} are taken.")
         return upload.read(limit + 1)
+
+
+class GitCredentialForm(forms.Form):
+    """A credential for private git repositories: a token, or an SSH deploy key (given, or made
+    by the portal where none is given)."""
+
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=GitCredential.Kind.choices)
+    secret = forms.CharField(max_length=20_000, required=False, strip=False,
+                             help_text="The token; or the SSH private key (unencrypted, OpenSSH or PEM); "
+                                       "none for an SSH key: the portal makes one and shows its public half.")
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        _no_nul(name, "The name")
+        if projects.visible_git_credentials(self.user).filter(name=name).exists():
+            raise forms.ValidationError(f"You have a git credential named {name!r} already.")
+        return name
+
+    def clean(self):
+        data = super().clean()
+        kind, secret = data.get("kind"), (data.get("secret") or "").strip()
+        if text_problem(secret):
+            self.add_error("secret", f"The secret {text_problem(secret)}.")
+        elif kind == GitCredential.Kind.TOKEN and (not secret or any(ord(c) < 0x21 or ord(c) == 0x7f for c in secret)
+                                                 or len(secret) > 4096):
+            self.add_error("secret", "Give the token: one word of printable characters.")
+        elif kind == GitCredential.Kind.SSH_KEY and secret:
+            try:
+                projects.read_ssh_key(secret)
+            except ValueError as exc:
+                self.add_error("secret", str(exc))
+        data["secret"] = secret
+        return data
+
+    def save(self):
+        data = self.cleaned_data
+        return projects.add_git_credential(self.user, data["name"], data["kind"], data["secret"])
 
 
 def safe_script_name(name):

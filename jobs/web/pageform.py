@@ -37,6 +37,7 @@ class JobPageForm(JobForm):
     project_file = forms.FileField(required=False, label="or upload a project (.zip, .tar.gz)",
                                    help_text="A folder of modules and files; name its entry point below.",
                                    widget=forms.ClearableFileInput(attrs={"accept": ".zip,.tar.gz,.tgz"}))
+    git = None              # a git repository is the API's (POST /api/jobs/ with "git"), not the page's yet
     parent = forms.IntegerField(required=False, min_value=1, max_value=2 ** 31 - 1, widget=forms.HiddenInput,
                                 error_messages=dict.fromkeys(("invalid", "min_value", "max_value"), NOT_YOURS))
     args = ArgsTextField(required=False, widget=forms.TextInput, label="Arguments",

@@ -45,10 +45,20 @@ class ProjectFileSerializer(serializers.Serializer):
 
 
 class JobProjectSerializer(serializers.Serializer):
-    """What a job runs of a project: the snapshot and the entry point."""
+    """What a job runs of a project: the snapshot, the entry point, and for a project fetched
+    from git its repository and commit (null for an uploaded archive)."""
     id = serializers.IntegerField(source="project.id")
     sha256 = serializers.CharField(source="project.sha256")
     entry_point = serializers.CharField()
+    url = serializers.CharField(source="project_url", allow_null=True,
+                                help_text="The git repository; null: an archive.")
+    commit = serializers.CharField(source="project_commit", allow_null=True,
+                                   help_text="The git commit the ref resolved to at submit; null: an archive.")
+
+    def to_representation(self, job):
+        shown = super().to_representation(job)
+        shown["url"], shown["commit"] = shown["url"] or None, shown["commit"] or None
+        return shown
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -200,6 +210,15 @@ class LogLineSerializer(serializers.ModelSerializer):
         return rank_label(line.rank)
 
 
+class GitRequest(serializers.Serializer):
+    url = serializers.CharField(help_text="https:// or ssh:// (the schemes in RINGMASTER_GIT_SCHEMES).")
+    ref = serializers.CharField(help_text="A branch, a tag or a full commit id.")
+    token = serializers.CharField(required=False, write_only=True,
+                                  help_text="For a private https repository: used for this fetch only, never kept.")
+    credential = serializers.IntegerField(required=False, help_text="Or one of your git credentials "
+                                                                    "(GET /api/git-credentials/): its id.")
+
+
 class JobCreateRequest(serializers.Serializer):
     """Documents POST /api/jobs/ in the OpenAPI schema; validation is jobs.web.forms.JobForm."""
 
@@ -210,7 +229,8 @@ class JobCreateRequest(serializers.Serializer):
     script = serializers.IntegerField(required=False, help_text="Id from POST /api/scripts/.")
     script_path = serializers.CharField(required=False, help_text="Or a path inside the image.")
     project = serializers.IntegerField(required=False, help_text="Or a project: id from POST /api/projects/.")
-    entry_point = serializers.CharField(required=False, help_text="With project: its .py file the job runs.")
+    git = GitRequest(required=False, help_text="Or a git repository, fetched by the portal at submit.")
+    entry_point = serializers.CharField(required=False, help_text="With project or git: its .py file the job runs.")
     args = serializers.ListField(child=serializers.CharField(), required=False)
     env = serializers.DictField(child=serializers.CharField(), required=False)
     launcher = serializers.ChoiceField(choices=launchers.choices(), required=False,
