@@ -875,7 +875,7 @@ class SSHRunner(Runner):
     def job_variables(self, spec):
         """The variables the job asked for that the portal does not set itself: its own processes
         alone get them (ENV_FILE)."""
-        portal = self.environment(spec)
+        portal = {*self.environment(spec), JOB_DIR_VAR, OUTPUT_DIR_VAR, CHECKPOINT_VAR}
         return {name: value for name, value in spec.env.items() if name not in portal}
 
     def _prepare(self, host, spec):

@@ -31,8 +31,9 @@ def host(address):
 @pytest.mark.parametrize("elastic", [False, True])
 def test_the_command_that_starts_a_job_on_an_instance_carries_none_of_its_variables(launcher, elastic):
     spec = JobSpec(job_id=7, gpus=2, python="/opt/venv/bin/python", script_name="train.py", script_content="",
-                   script_path=None, env={**VARIABLES, **AWKWARD}, launcher=launcher, gpu_binding=((0,), (1,)),
-                   min_gpus=1 if elastic else None, max_gpus=4 if elastic else None)
+                   script_path=None, env={**VARIABLES, **AWKWARD, "RINGMASTER_JOB_DIR": "/elsewhere"},
+                   launcher=launcher, gpu_binding=((0,), (1,)), min_gpus=1 if elastic else None,
+                   max_gpus=4 if elastic else None)
     runner = ssh.SSHRunner([host("10.0.0.1"), host("10.0.0.2")])
     argv, files = runner.command(spec)
     environment = runner.environment(spec)
@@ -43,7 +44,7 @@ def test_the_command_that_starts_a_job_on_an_instance_carries_none_of_its_variab
     assert not set(environment) & set(VARIABLES)
     if launcher == "torchrun":         # what its agents, as the account, pass on to other hosts
         assert not set(json.loads(files["agents.json"])["forward"]) & {*VARIABLES, *AWKWARD}
-    assert runner.job_variables(spec) == {**VARIABLES, **AWKWARD}
+    assert runner.job_variables(spec) == {**VARIABLES, **AWKWARD}       # the portal's own are the portal's
 
 
 def test_the_job_shell_gives_the_rank_each_variable_word_for_word_and_nothing_else_reads_them(tmp_path):
