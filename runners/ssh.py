@@ -41,8 +41,14 @@ follower re-reads `output.log` from the byte offset the database kept.
 
 Safety:
 - Every remote word is quoted with shlex.quote; nothing a user typed reaches a shell unquoted.
-- Only the variables the job asked for (plus the job markers) are set; paramiko forwards none of
-  the worker's own environment.
+- The job's own variables (JobSpec.env) reach only the job's own processes: they travel in a file
+  of the job's folder (ENV_FILE, written as the job), never on a command line, and RANK_WRAPPER
+  applies them after the switch to the job's uid. What runs as the account or as root (the
+  launcher, the rank wrapper, sudo, setpriv, bwrap, cancel) has the instance's login
+  environment, its setup line and the portal's own variables, and finds sudo, setpriv, bwrap,
+  env and setsid on the system's PATH (SYSTEM_PATH): a PATH, LD_PRELOAD, BASH_ENV or PYTHONPATH
+  a job sets never makes them run the job's code. paramiko forwards none of the worker's own
+  environment.
 - The portal verifies each instance's host key: the key recorded when the instance was added or
   first checked (trust on first use), and a connection to a host that shows another key is
   refused.
@@ -83,6 +89,10 @@ COPY_BYTES_PER_SECOND = 20e6  # the slowest disk an instance's copy of a checkpo
 CONTROL = ".portal"          # <work_dir>/.portal/<job>/: the control folders (a job's name never starts with a dot)
 RANK_WRAPPER = "run-rank"
 LIMITS_FILE = "prlimit"     # in the control folder: prlimit's options for each rank (runners.limits)
+ENV_FILE = ".ringmaster-env"    # in the job's folder: the job's own variables (job_env_file)
+# Where the tools that run as root or as the account at the switch to the job's uid are found,
+# whatever PATH the shell that runs them has (Debian's sudo secure_path).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CHECKPOINT_NAME = "checkpoint-name"   # in the control folder: the rerun's checkpoint, once in the job's folder
 PROJECT_INSTALLED = "project-installed"   # in the control folder: the project is in the job's folder
 NO_HOST_KEY = object()
@@ -239,9 +249,13 @@ def sh(script, *args):
     return " ".join(shlex.quote(word) for word in ("/bin/sh", "-c", script, "ringmaster", *args))
 
 
+# `tool NAME`: NAME's absolute path on SYSTEM_PATH (nothing, and false, where it is not there).
+TOOL = r"""
+tool() ( PATH=""" + SYSTEM_PATH + r"""; command -v -- "$1" )
+"""
 # Every script below that gets a job's control folder ($1) goes there with at_control, which
 # also names the job's own folder: <work_dir>/.portal/<job> is the control folder of <work_dir>/<job>.
-AT_CONTROL = r"""
+AT_CONTROL = TOOL + r"""
 at_control() {
     cd -- "$1" 2>/dev/null || return 1
     c=$(pwd -P); job=${c%/""" + CONTROL + r"""/*}/${c##*/}
@@ -259,8 +273,8 @@ AS_JOB = r"""
 as_job() {
     if [ -s "$c/uid" ]; then
         u=$(cat "$c/uid")
-        set -- setpriv --reuid="$u" --regid="$u" --clear-groups --no-new-privs -- "$@"
-        if [ -n "$box" ] && command -v bwrap >/dev/null 2>&1; then
+        set -- "$(tool setpriv)" --reuid="$u" --regid="$u" --clear-groups --no-new-privs -- "$@"
+        if [ -n "$box" ] && b=$(tool bwrap); then
             set -- --unshare-ipc --die-with-parent -- "$@"
             # What the job needs under /tmp (its folder, its Python: PREPARE's list) stays, with
             # the folder of /tmp it is in.
@@ -269,24 +283,24 @@ as_job() {
                     /tmp/?*) keep=${path#/tmp/}; keep=/tmp/${keep%%/*}; set -- --dev-bind "$keep" "$keep" "$@" ;;
                 esac
             done < "$c/keep"
-            set -- bwrap --dev-bind / / --perms 01777 --tmpfs /tmp "$@"
+            set -- "$b" --dev-bind / / --perms 01777 --tmpfs /tmp "$@"
         fi
-        if [ -n "$limited" ] && [ -s "$c/""" + LIMITS_FILE + r"""" ] && command -v prlimit >/dev/null 2>&1; then
-            set -- prlimit $(cat "$c/""" + LIMITS_FILE + r"""") -- "$@"
+        if [ -n "$limited" ] && [ -s "$c/""" + LIMITS_FILE + r"""" ] && prl=$(tool prlimit); then
+            set -- "$prl" $(cat "$c/""" + LIMITS_FILE + r"""") -- "$@"
             : > "$c/limited"
         fi
-        [ "$(id -u)" = 0 ] || set -- sudo -n -E -- "$@"
+        [ "$(id -u)" = 0 ] || set -- "$(tool sudo)" -n -E -- "$@"
     fi
     $run "$@"
 }
 """
 # How this account gives a job a uid of its own: as root (as=), through `sudo -n` (as="sudo -n"),
 # or not at all (as=none: neither, or no setpriv).
-ACCOUNT = r"""
+ACCOUNT = TOOL + r"""
 if [ "$(id -u)" = 0 ]; then as=
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then as="sudo -n"
+elif s=$(tool sudo) && "$s" -n true 2>/dev/null; then as="$s -n"
 else as=none; fi
-command -v setpriv >/dev/null 2>&1 || as=none
+tool setpriv >/dev/null || as=none
 """
 # Make the job's two folders, mode 0700, and refuse when the disk is (nearly) full. $1 work dir,
 # $2 the job's name, $3 min free KiB, $4 the first uid to try, $5 the setup line, $6 the job's
@@ -386,10 +400,15 @@ HAS_CHECKPOINT = r"""
 [ -s "$1/""" + CHECKPOINT_NAME + r"""" ] && echo installed
 exit 0
 """
+# What the rank wrapper runs as the job (after the switch to its uid): in the job's folder ($1),
+# `env` ($2) runs the rank with the job's own variables, which ENV_FILE puts first in "$@".
+JOB_SHELL = ('cd -- "$1" || exit 3; e=$2; shift 2; '
+             f'if [ -f ./{ENV_FILE} ]; then . ./{ENV_FILE}; fi; exec "$e" "$@"')
 # Starts one rank (horovodrun runs it on every host, in the control folder): in the job's own
 # folder, as the job's uid where there is one, whose home that folder is, with
-# RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder and RINGMASTER_PROJECT_DIR its
-# project's folder (where the rank launcher starts the entry point).
+# RINGMASTER_CHECKPOINT naming a rerun's checkpoint in that folder, RINGMASTER_PROJECT_DIR its
+# project's folder (where the rank launcher starts the entry point), and the job's own variables
+# (ENV_FILE) applied there only, by the job's own shell.
 RANK_WRAPPER_TEXT = "#!/bin/sh\n" + AT_CONTROL + AS_JOB + r"""
 at_control . || exit 3
 box=1 limited=1 run=exec
@@ -400,12 +419,15 @@ fi
 if [ -e "$c/""" + PROJECT_INSTALLED + r"""" ]; then
     """ + PROJECT_DIR_VAR + r"""=$job/""" + PROJECT_DIR + r"""; export """ + PROJECT_DIR_VAR + r"""
 fi
-if [ -s "$c/uid" ]; then set -- env HOME="$job" PATH="$PATH" "$@"; fi
-as_job /bin/sh -c 'cd -- "$0" && exec "$@"' "$job" "$@"
+e=$(tool env) || exit 3
+set -- /bin/sh -c '""" + JOB_SHELL + r"""' rank "$job" "$e" "$@"
+if [ -s "$c/uid" ]; then set -- "$e" HOME="$job" PATH="$PATH" "$@"; fi
+as_job "$@"
 """
-# Start horovodrun once, in the control folder. $1 control folder, $2 setup line, then
-# `env NAME=value...` and horovodrun's argv. `mkdir launched` is atomic: a retried launch finds
-# it and only reports the pid.
+# Start horovodrun once, in the control folder, under `env` with the portal's NAME=value words
+# (never the job's own: those are in ENV_FILE). $1 control folder, $2 setup line, then the words
+# and horovodrun's argv. `mkdir launched` is atomic: a retried launch finds it and only reports
+# the pid.
 LAUNCH = AT_CONTROL + r"""
 at_control "$1" || exit 3
 setup=$2
@@ -421,7 +443,8 @@ if [ -n "$setup" ]; then
 fi
 """ + JOB_DIR_VAR + r"""=$job; export """ + JOB_DIR_VAR + r"""
 """ + OUTPUT_DIR_VAR + r"""=$job/""" + OUTPUT_DIR + r"""; export """ + OUTPUT_DIR_VAR + r"""
-setsid /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$@" >> output.log 2>&1 </dev/null &
+e=$(tool env) && s=$(tool setsid) || { echo "env or setsid is missing from """ + SYSTEM_PATH + r"""" >&2; exit 3; }
+"$s" /bin/sh -c '""" + EXIT_CODE_WRAPPER.replace("'", "'\\''") + r"""' ringmaster-job "$e" "$@" >> output.log 2>&1 </dev/null &
 echo "$!" > pid.tmp && mv pid.tmp pid
 echo "started $!"
 """
@@ -454,8 +477,8 @@ if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then echo alive; else echo go
 """
 # The words after $1 (a control folder) as root where the job has a uid of its own and this
 # account is not (sudo -n): only root signals the job's processes and reads their environment.
-AS_ROOT = r"""
-if [ -s "$1/uid" ] && [ "$(id -u)" != 0 ]; then shift; exec sudo -n -- "$@"; fi
+AS_ROOT = TOOL + r"""
+if [ -s "$1/uid" ] && [ "$(id -u)" != 0 ]; then shift; exec "$(tool sudo)" -n -- "$@"; fi
 shift; exec "$@"
 """
 # Stop every process of the job on this host: the launcher's process group, then everything
@@ -793,6 +816,17 @@ def open_output(client, directory, timeout, wait=None):
         return ExecOutput(client, directory, timeout)
 
 
+def job_env_file(variables):
+    """ENV_FILE's text for the job's own `variables`: a line for the job's shell that puts
+    NAME=value words, each quoted, before the rank's command in "$@" (JOB_SHELL's `env` sets
+    them). Whatever a value holds (quotes, `$(...)`, newlines, a leading '-'), it is one word."""
+    for name, value in variables.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "\0" in value:
+            raise ValueError(f"{name!r} cannot be passed as an environment variable")
+    words = " ".join(shlex.quote(f"{name}={value}") for name, value in variables.items())
+    return f'set -- {words} "$@"\n'.encode()
+
+
 def first_uid(name):
     """The first uid PREPARE tries for job `name` (unique per installation and job), from the
     range the portal's own machine gives its jobs."""
@@ -864,12 +898,19 @@ class SSHRunner(Runner):
         return launchers.of(spec.launcher).over_ssh(spec, self.placement(spec, forward))
 
     def environment(self, spec):
-        """What the job's processes get on top of the instance's own login environment."""
-        env = dict(spec.env)
-        env.update(spec.gpu_env(self.host_names(spec)))
+        """The portal's variables, which every process of the job gets (its launcher, which runs
+        as the account, too) on top of the instance's own login environment. Never the job's own
+        (job_variables)."""
+        env = dict(spec.gpu_env(self.host_names(spec)))
         env.update(launchers.of(spec.launcher).environment(spec))
         env.update({"PYTHONUNBUFFERED": "1", JOB_ID_VAR: str(spec.job_id), HOST_NAME_VAR: self.host_names(spec)[0]})
         return env
+
+    def job_variables(self, spec):
+        """The variables the job asked for that the portal does not set itself: its own processes
+        alone get them (ENV_FILE)."""
+        portal = {*self.environment(spec), JOB_DIR_VAR, OUTPUT_DIR_VAR, CHECKPOINT_VAR}
+        return {name: value for name, value in spec.env.items() if name not in portal}
 
     def _prepare(self, host, spec):
         """The job's folders on `host` (PREPARE) and its files: the rank wrapper in the control
@@ -894,6 +935,7 @@ class SSHRunner(Runner):
             files[spec.script_name] = spec.script_content.encode()
         name, content = spec.argv_file()
         files[name] = content
+        files[ENV_FILE] = job_env_file(self.job_variables(spec))
         control = {RANK_WRAPPER: RANK_WRAPPER_TEXT.encode()}
         if limits.prlimit_argv(spec):
             control[LIMITS_FILE] = " ".join(limits.prlimit_argv(spec)).encode()
@@ -976,7 +1018,7 @@ class SSHRunner(Runner):
         program = launchers.of(spec.launcher).PROGRAM
         client = self._connect(self.first)
         try:
-            env_words = ["env", *(f"{k}={v}" for k, v in self.environment(spec).items())]
+            env_words = [f"{k}={v}" for k, v in self.environment(spec).items()]
             code, out, err = execute(client, sh(LAUNCH, self.first.control_dir(spec), self.first.setup,
                                                 *env_words, *argv))
         finally:

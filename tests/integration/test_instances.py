@@ -2,10 +2,14 @@
 127.0.0.3 (generated host and user keys), horovodrun over SSH, a real Celery worker, PostgreSQL,
 jobs submitted over HTTP to uvicorn."""
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -352,15 +356,56 @@ def test_jobs_racing_for_the_last_slots_never_both_get_them(sshds, celery_worker
 
 
 SHOW = """
-import json, os, sys
+import json, os, subprocess, sys
 print("ARGV " + json.dumps(sys.argv[1:]))
-print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_FERNET_KEYS", "RINGMASTER_JOB_ID", "FROM_SETUP")}))
+print("ENV " + json.dumps({k: os.environ.get(k) for k in ("LR", "DATABASE_URL", "SECRET_KEY", "RINGMASTER_FERNET_KEYS", "RINGMASTER_JOB_ID", "FROM_SETUP", "PATH")}))
+subprocess.run(["id", "-u"], stdout=subprocess.DEVNULL)       # the job's own PATH finds its own `id`
 """
+# What the portal's side of a job on an instance runs (the login shell's scripts, horovodrun, the
+# rank wrapper, the switch to the job's uid, cancel), by name: a job whose PATH puts a folder of
+# commands with these names first must not get any of them run but by its own processes.
+ROOT_SIDE_TOOLS = ("sudo", "setpriv", "bwrap", "env", "sh", "bash", "dash", "python", "python3", "horovodrun",
+                   "setsid", "id", "cat", "mkdir", "mv", "chmod", "chown", "rm", "kill", "tail", "head", "awk",
+                   "df", "stat", "find", "getent", "grep", "tr", "sed", "flock", "dirname", "readlink", "sleep",
+                   "ssh", "timeout", "nvidia-smi", "printf", "tool")
+
+
+def planted_commands(rest_of_path):
+    """A folder (outside /tmp, which a job's sandbox hides) such as a user's earlier job could have
+    left: a command for each of ROOT_SIDE_TOOLS, a shell startup file (ENV, BASH_ENV) and a
+    sitecustomize (PYTHONPATH), each of which notes the uid that ran it in marks/<uid> and goes
+    on as the real one. Returns (folder, the job's variables that point there)."""
+    folder = Path(tempfile.mkdtemp(prefix="ringmaster-planted-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    marks = folder / "marks"
+    marks.mkdir()
+    marks.chmod(0o1777)
+    note = f'echo "$1" >> {marks}/$(/usr/bin/id -u)'
+    for name in (*ROOT_SIDE_TOOLS, Path(sys.executable).name):
+        tool = folder / "bin" / name
+        tool.parent.mkdir(exist_ok=True)
+        tool.write_text(f'#!/bin/sh\necho "${{0##*/}}" >> {marks}/$(/usr/bin/id -u)\n'
+                        f'PATH={rest_of_path}; export PATH\nexec "${{0##*/}}" "$@"\n')
+        tool.chmod(0o755)
+    (folder / "rc").write_text(note.replace("$1", "rc") + "\n")
+    (folder / "py").mkdir()
+    (folder / "py" / "sitecustomize.py").write_text(
+        f"import os\nwith open('{marks}/' + str(os.getuid()), 'a') as f:\n    f.write('sitecustomize\\n')\n")
+    for path in folder.rglob("*"):
+        path.chmod(path.stat().st_mode | 0o755)
+    return folder, {"PATH": f"{folder / 'bin'}:{rest_of_path}", "ENV": str(folder / "rc"),
+                    "BASH_ENV": str(folder / "rc"), "PYTHONPATH": str(folder / "py")}
+
+
+def marks_by_uid(folder):
+    """{uid: set of what ran as it} from planted_commands' marks."""
+    return {int(path.name): set(path.read_text().split()) for path in (folder / "marks").iterdir()}
 
 
 def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup_runs(sshds, monkeypatch, tmp_path):
-    import sys
-
+    """...and the job's own variables reach its own processes alone: on a root instance, a PATH
+    (ENV, BASH_ENV, PYTHONPATH) that leads to commands a user planted, named as what the portal
+    runs there as root, gets none of them run as root; the job's processes, under its uid, use it."""
     from runners.base import JobSpec
 
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/prod")
@@ -371,11 +416,19 @@ def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup
     host = ssh_runner.Host(name="a", address="127.0.0.2", port=sshds["port"], user="root",
                            private_key=sshds["key"].read_text(), slots=2, work_dir=str(tmp_path / "work"),
                            setup=f". {setup}")
+    planted, variables = planted_commands(f"{sshd.VENV_BIN}:/usr/local/bin:/usr/bin:/bin")
     spec = JobSpec(job_id=525252, gpus=2, python=sys.executable, script_name="show.py", script_content=SHOW,
-                   script_path=None, args=tuple(words), env={"LR": "0.5 $(id)"})
-    runner = ssh_runner.SSHRunner([host])
-    lines, exited = run_to_end(runner, spec)
-    assert exited.code == 0
+                   script_path=None, args=tuple(words), env={"LR": "0.5 $(id)", **variables})
+    runner = ssh_runner.SSHRunner([host], kill_grace=5)
+    try:
+        lines, exited = run_to_end(runner, spec)
+        ran = marks_by_uid(planted)
+    finally:
+        shutil.rmtree(planted)
+    job_uid = int((tmp_path / "work" / ".portal" / spec.name / "uid").read_text())
+    assert set(ran) == {job_uid}, ran                         # nothing planted ran as root
+    assert {"id", "sitecustomize"} <= ran[job_uid], ran       # the job's own processes did use them
+    assert exited.code == 0, [line.text for line in lines]
     import json
 
     for rank in (0, 1):
@@ -384,7 +437,7 @@ def test_user_words_reach_the_script_literally_over_ssh_secrets_do_not_and_setup
         env = json.loads(next(t for t in texts if t.startswith("ENV "))[4:])
         assert argv == words
         assert env == {"LR": "0.5 $(id)", "DATABASE_URL": None, "SECRET_KEY": None, "RINGMASTER_FERNET_KEYS": None,
-                       "RINGMASTER_JOB_ID": "525252", "FROM_SETUP": "yes"}
+                       "RINGMASTER_JOB_ID": "525252", "FROM_SETUP": "yes", "PATH": variables["PATH"]}
     assert not list(tmp_path.rglob("pwned*"))
     assert "a" in runner.learned_host_keys                                    # trust on first use
 
