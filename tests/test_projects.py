@@ -312,4 +312,28 @@ def test_on_kubernetes_a_project_job_shows_its_project_in_the_trainjob_and_one_p
     response = client.post("/api/jobs/", {**job, "project": large.json()["id"]}, format="json")
     assert response.status_code == 400
     assert "a Kubernetes job takes at most 900,000" in response.json()["project"][0], response.json()
+    # Its pods install no extra packages: a project that names some is refused, saying so.
+    wants = upload(client, zip_of(dict(PROJECT, **{"requirements.txt": "pyyaml>=6\n"})))
+    response = client.post("/api/jobs/", {**job, "project": wants.json()["id"]}, format="json")
+    assert response.status_code == 400
+    assert "Kubernetes cannot install a project's extra packages yet" in response.json()["project"][0]
     assert Job.objects.count() == 1
+
+
+EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "jobs" / "examples" / "ddp_project"
+
+
+@pytest.mark.django_db
+def test_the_example_project_passes_the_checks_at_submit_and_names_its_package(client):
+    """The library's multi-file example (jobs/examples/ddp_project) compiles, asks for torchrun,
+    and its requirements.txt is one the installer takes."""
+    from jobs.models import Image
+
+    Image.objects.create(name="torch-cpu", python=sys.executable, launchers="torchrun")
+    files = {path.name: path.read_bytes() for path in EXAMPLE_PROJECT.iterdir() if path.is_file()}
+    assert {"train.py", "model.py", "data.py", "config.yaml", "requirements.txt"} <= set(files)
+    project = upload(client, zip_of(files)).json()["id"]
+    response = client.post("/api/jobs/", {"image": "torch-cpu", "gpus": 2, "launcher": "torchrun",
+                                          "project": project, "entry_point": "train.py"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["warnings"] == []
