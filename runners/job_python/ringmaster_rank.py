@@ -325,7 +325,14 @@ def run_recorded(argv):
 
 def main():
     argv = read_argv()
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
     bind_gpus(os.environ)
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != given and runs_in_this_process(os.environ):
+        # Start again with the GPUs in the process's own environment, as an exec'ed script has
+        # them: what /proc/PID/environ shows (the portal's and nvidia-smi's view of the rank) is
+        # what the process started with, not what it set since.
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", __spec__.name if __spec__ else "ringmaster_rank"])
     if os.environ.get(OUTPUT_DIR):
         try:
             os.makedirs(os.environ[OUTPUT_DIR], mode=0o700, exist_ok=True)
@@ -345,6 +352,12 @@ def main():
         run_here(argv)
     else:
         os.execv(sys.executable, [sys.executable, *argv])
+
+
+def runs_in_this_process(environ):
+    """Whether main runs the script in this process (torchrun's output prefixed, an elastic
+    Horovod rank, a world size to check) rather than exec it."""
+    return environ.get(PREFIX_OUTPUT) == "1" or environ.get("HOROVOD_ELASTIC") == "1" or bool(environ.get(WORLD_SIZE))
 
 
 if __name__ == "__main__":

@@ -336,6 +336,7 @@ def test_a_folder_is_submitted_as_the_snapshot_a_zip_of_its_files_gives(live_por
     uploaded = api.post(f"{live_portal}/api/projects/", files={"file": ("my-project.zip", zipped.getvalue())})
     assert uploaded.status_code == 201, uploaded.text
     shown = api.get(f"{live_portal}/api/jobs/{job.pk}/").json()["project"]
-    assert shown == {"id": uploaded.json()["id"], "sha256": uploaded.json()["sha256"], "entry_point": "train.py"}
+    assert shown == {"id": uploaded.json()["id"], "sha256": uploaded.json()["sha256"], "entry_point": "train.py",
+                     "url": None, "commit": None}
     files = api.get(f"{live_portal}/api/jobs/{job.pk}/files/").json()
     assert sorted(file["path"] for file in files) == sorted(sent)           # neither big.ckpt nor .git/

@@ -101,7 +101,8 @@ def test_a_local_job_imports_it_and_keeps_the_users_pythonpath(tmp_path):
     assert points == {0: [Metric("rank_plus_one", 1.0, 0)], 1: [Metric("rank_plus_one", 2.0, 1)]}
     paths = {l.text for l in lines if l.text.startswith("PYTHONPATH ")}
     assert paths == {f"PYTHONPATH {JOB_PYTHON}:/opt/mine"}
-    assert sorted(p.name for p in JOB_PYTHON.iterdir() if p.suffix == ".py") == ["ringmaster_metrics.py", "ringmaster_rank.py"]
+    assert sorted(p.name for p in JOB_PYTHON.iterdir() if p.suffix == ".py") == [
+        "ringmaster_install.py", "ringmaster_metrics.py", "ringmaster_rank.py", "ringmaster_start.py"]
 
 
 def test_it_is_installed_in_the_environment(tmp_path):
