@@ -1,6 +1,7 @@
 """Comparing jobs (GET /api/compare/?jobs=…, the /compare/ page): each metric's curve per job as
 the mean of its ranks, its last and best value, exactly the fields that differ, a diff of the
 scripts where they differ, duration and GPU-hours; a stranger's job is 404, bad input a 400."""
+import io
 from datetime import timedelta
 
 import pytest
@@ -78,5 +79,30 @@ def test_the_compare_page_marks_the_rows_that_differ_and_shows_the_script_diff(c
     page = client.get(f"/compare/?jobs={b.pk},{a.pk}").content.decode()
     assert '<tr class="differs" data-field="gpus">' in page and '<tr class="same" data-field="args">' in page
     assert '<tr class="same" data-field="env MODE">' in page
-    assert "Script of job" in page and "+lr = 0.1" in page
+    assert "Files of job" in page and "+lr = 0.1" in page
     assert 'id="compare-series"' in page
+
+
+def test_two_projects_compare_file_by_file(client, alice, image, api_client):
+    """Which files of two jobs' projects were added, removed or changed, and each one's diff."""
+    from tests.test_projects import zip_of
+
+    api = api_client(alice)
+    first = {"train.py": "import utils\nprint(utils.lr)\n", "utils.py": "lr = 0.1\n", "old.txt": "x\n"}
+    second = {"train.py": "import utils\nprint(utils.lr)\n", "utils.py": "lr = 0.2\n", "data/new.bin": b"\xff\x00"}
+    ids = []
+    for files in (first, second):
+        upload = io.BytesIO(zip_of(files))
+        upload.name = "p.zip"
+        project = api.post("/api/projects/", {"file": upload}, format="multipart").json()["id"]
+        ids.append(api.post("/api/jobs/", {"image": image.name, "gpus": 1, "project": project,
+                                           "entry_point": "train.py"}, format="json").json()["id"])
+    data = api.get(f"/api/compare/?jobs={ids[0]},{ids[1]}").json()
+    assert "script" in data["differs"]
+    (diff,) = data["script_diffs"]
+    assert diff["files"] == {"added": ["data/new.bin"], "removed": ["old.txt"], "changed": ["utils.py"]}
+    assert "-lr = 0.1\n+lr = 0.2\n" in diff["diff"] and "train.py" not in diff["diff"]
+    assert f"Binary files /dev/null and job {ids[1]}: data/new.bin differ" in diff["diff"]
+    client.force_login(alice)
+    page = client.get(f"/compare/?jobs={ids[0]},{ids[1]}").content.decode()
+    assert "Files of job" in page and "<code>utils.py</code>" in page

@@ -1,5 +1,5 @@
 """Jobs side by side: what differs between them (image, launcher, GPUs, arguments, environment
-values, script), each metric's curve per job (the mean of its ranks at each step), its last and
+values, script or project: which files, and how), each metric's curve per job (the mean of its ranks at each step), its last and
 best value, and each job's duration and GPU-hours. The compare page and GET /api/compare/ show
 what comparison() returns.
 
@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from jobs.domain import accounting
 from jobs.models import MetricPoint
+from runners import projects
 
 MIN_JOBS, MAX_JOBS = 2, 10
 LOWER_IS_BETTER = re.compile(r"loss|err|perplexity|time|seconds|latency|wer|cer", re.IGNORECASE)
@@ -50,40 +51,79 @@ def curves(job_ids):
 
 
 def _script(job):
-    """(what the script is called, its text or None)."""
+    """(what the job runs, as the compare table names it: a script, or a project's snapshot and
+    entry point; its files {path: bytes}, or None for a script inside the image)."""
+    if job.project_id:
+        origin = f" at {job.project_commit[:12]}" if job.project_commit else ""
+        label = f"project {job.project.sha256[:12]}{origin}: {job.entry_point}"
+        return label, {file.path: file.content for file in projects.unpack(bytes(job.project.archive))}
     if job.script_id:
-        return f"{job.script.name} ({job.script.sha256[:12]})", job.script.content
+        return f"{job.script.name} ({job.script.sha256[:12]})", {job.script.name: job.script.content.encode()}
     return job.script_path, None
 
 
-def _fields(job):
+def _fields(job, label):
     """What a job was started with, as the compare table shows it."""
     return {
         "image": job.image.name, "launcher": job.launcher,
         "gpus": f"{job.gpus}..{job.max_gpus}" if job.max_gpus else str(job.gpus),
         "backend": job.backend, "args": " ".join(job.args),
         **{f"env {name}": str(value) for name, value in sorted(job.env.items())},
-        "script": _script(job)[0],
+        "script": label,
     }
 
 
-def _diffs(jobs):
-    """Unified diffs of each job's script against the first job's, where the texts differ."""
-    first_name, first_text = _script(jobs[0])
+def _text(content):
+    try:
+        return content.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
+def _diff(first, other, first_job, other_job):
+    """(unified diff text, {"added", "removed", "changed"}) of two jobs' files. Two one-file
+    scripts are diffed whatever their names; projects file by file, by path."""
+    if len(first) == 1 and len(other) == 1 and first.keys() != other.keys():
+        (first_name, first_content), = first.items()
+        (other_name, other_content), = other.items()
+        pairs, summary = [(first_name, other_name)], {"added": [], "removed": [], "changed": [other_name]}
+        first, other = {first_name: first_content}, {other_name: other_content}
+    else:
+        paths = sorted(set(first) | set(other))
+        summary = {"added": [p for p in paths if p not in first], "removed": [p for p in paths if p not in other],
+                   "changed": [p for p in paths if p in first and p in other and first[p] != other[p]]}
+        pairs = [(p if p in first else None, p if p in other else None) for p in paths
+                 if p not in first or p not in other or first[p] != other[p]]
+    text = []
+    for old, new in pairs:
+        before = _text(first[old]) if old else []
+        after = _text(other[new]) if new else []
+        label_old = f"job {first_job.pk}: {old}" if old else "/dev/null"
+        label_new = f"job {other_job.pk}: {new}" if new else "/dev/null"
+        if before is None or after is None:
+            text.append(f"Binary files {label_old} and {label_new} differ\n")
+        else:
+            text.append("".join(difflib.unified_diff(before, after, fromfile=label_old, tofile=label_new)))
+    return "".join(text), summary
+
+
+def _diffs(jobs, code):
+    """Each job's files against the first job's, where they differ: its unified diff and which
+    files were added, removed or changed."""
     found = []
-    for job in jobs[1:]:
-        name, text = _script(job)
-        if first_text is not None and text is not None and text != first_text:
-            found.append({"from": jobs[0].pk, "to": job.pk, "diff": "".join(difflib.unified_diff(
-                first_text.splitlines(keepends=True), text.splitlines(keepends=True),
-                fromfile=f"job {jobs[0].pk}: {first_name}", tofile=f"job {job.pk}: {name}"))})
+    first = code[0][1]
+    for job, (_, files) in zip(jobs[1:], code[1:]):
+        if first is not None and files is not None and files != first:
+            diff, summary = _diff(first, files, jobs[0], job)
+            found.append({"from": jobs[0].pk, "to": job.pk, "diff": diff, "files": summary})
     return found
 
 
 def comparison(jobs, now=None):
     """What the compare page and API show of `jobs` (in the order given)."""
     now = now or timezone.now()
-    fields = [_fields(job) for job in jobs]
+    code = [_script(job) for job in jobs]
+    fields = [_fields(job, label) for job, (label, _) in zip(jobs, code)]
     names = list(dict.fromkeys(name for row in fields for name in row))
     differs = [name for name in names if len({row.get(name, "") for row in fields}) > 1]
     series = curves([job.pk for job in jobs])
@@ -105,7 +145,7 @@ def comparison(jobs, now=None):
             "metrics": metrics,
         })
     return {
-        "jobs": rows, "fields": names, "differs": differs, "script_diffs": _diffs(jobs),
+        "jobs": rows, "fields": names, "differs": differs, "script_diffs": _diffs(jobs, code),
         "series": {name: {str(job_id): [[step, value] for step, value in points] for job_id, points in per_job.items()}
                    for name, per_job in series.items()},
     }

@@ -18,7 +18,7 @@ def compared_jobs(user, text):
     """The jobs of `jobs=…` that `user` may see, in the order given; CompareError for a bad
     list, Http404 where one of them is not the user's to see."""
     ids = parse_ids(text)
-    found = {job.pk: job for job in visible_jobs(user).filter(pk__in=ids).select_related("image", "script")}
+    found = {job.pk: job for job in visible_jobs(user).filter(pk__in=ids).select_related("image", "script", "project")}
     missing = [pk for pk in ids if pk not in found]
     if missing:
         raise Http404(f"No job {missing[0]}.")
