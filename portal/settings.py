@@ -238,6 +238,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two choice sets named "state": a job's, and a study's.
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State", "StudyStateEnum": "jobs.models.Study.State"},
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from jobs import tasks
@@ -138,7 +139,8 @@ def running_trials(study):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_four_trial_study_two_at_a_time_ends_done_with_its_best_trial(row_locks, api_client, alice, image):
+def test_a_four_trial_study_two_at_a_time_ends_done_with_its_best_trial(row_locks, api_client, make_user, alice,
+                                                                        image):
     study_id = api_client(alice).post("/api/studies/", study_data(image), format="json").json()["id"]
     study = Study.objects.get(pk=study_id)
     failed_once = False
@@ -176,6 +178,14 @@ def test_a_four_trial_study_two_at_a_time_ends_done_with_its_best_trial(row_lock
     assert shown["best"] == {"number": winner.number, "params": winner.params, "value": winner.value,
                              "job": winner.job_id}
     assert [t["number"] for t in shown["trials"]] == [t.number for t in trials]
+
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/studies/{study_id}/").content.decode()
+    assert html.count("<tr data-trial=") == 5 and f'href="/jobs/{winner.job_id}/"' in html
+    assert f"Best: trial {winner.number}," in html
+    page.force_login(make_user("mallory"))
+    assert page.get(f"/studies/{study_id}/").status_code == 404
 
 
 @pytest.mark.django_db(transaction=True)

@@ -100,10 +100,10 @@ def grid_of(space):
 
 
 def grid_size(space):
-    grid = grid_of(space)
+    """The number of points of the grid (counted, not built: an int range may be long)."""
     size = 1
-    for values in (grid or {}).values():
-        size *= len(values)
+    for entry in space.values():
+        size *= len(entry["choices"]) if entry["type"] == "categorical" else entry["high"] - entry["low"] + 1
     return size
 
 
@@ -120,9 +120,11 @@ def job_data(study, number, params):
     base = study.spec["base"]
     data = substitute(base, params)
     data["name"] = f"{study.name} #{number}"[:100]
-    data["tags"] = list(base.get("tags") or []) + [tag_of(study.pk)]
+    tags, note = base.get("tags") or [], base.get("note") or ""
+    data["tags"] = (tags if isinstance(tags, list) else [tags]) + [tag_of(study.pk)]   # JobForm checks them
     shown = ", ".join(f"{name}={format_value(value)}" for name, value in sorted(params.items()))
-    data["note"] = "\n\n".join(filter(None, [base.get("note") or "", f"Study {study.name}, trial {number}: {shown}"]))
+    if isinstance(note, str):
+        data["note"] = "\n\n".join(filter(None, [note, f"Study {study.name}, trial {number}: {shown}"]))
     return data
 
 

@@ -46,7 +46,7 @@ class StudyCreateRequest(serializers.Serializer):
 class TrialSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     params = serializers.DictField()
-    state = serializers.ChoiceField(choices=Trial.State.values)
+    state = serializers.ChoiceField(choices=Trial.State.choices)
     value = serializers.FloatField(allow_null=True, help_text="The objective as the trial's job reported it "
                                                                "(while running: its last point).")
     job = serializers.IntegerField(allow_null=True, source="job_id")
@@ -64,7 +64,7 @@ class BestSerializer(serializers.Serializer):
 class StudySummarySerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
-    state = serializers.ChoiceField(choices=Study.State.values)
+    state = serializers.ChoiceField(choices=Study.State.choices)
     reason = serializers.CharField()
     best = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()

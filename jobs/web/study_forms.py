@@ -12,6 +12,7 @@ from jobs.web.params import text_problem
 
 MAX_CHOICES = 1000
 MAX_NAME = 100
+MAX_NUMBER = 2 ** 53
 SCALARS = (str, int, float, bool)
 
 
@@ -165,7 +166,9 @@ class _Sample:
 
 
 def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A number Optuna keeps exactly (its parameters are stored as floats)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER \
+        and math.isfinite(value)
 
 
 def _entry(entry):
@@ -186,7 +189,7 @@ def _entry(entry):
     if kind == "int" and not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
         return None, 'an int range gives whole numbers "low" and "high"'
     if not (_number(low) and _number(high)):
-        return None, 'a range gives numbers "low" and "high"'
+        return None, f'a range gives numbers "low" and "high" (at most {MAX_NUMBER} either way)'
     if not isinstance(log, bool):
         return None, '"log" is true or false'
     if low > high:
