@@ -224,3 +224,18 @@ def test_a_trial_worse_than_the_median_is_pruned_and_its_job_stopped_saying_why(
     assert third.state == Trial.State.PRUNED and third.reason == reason
     assert third.job.__class__.objects.get(pk=third.job_id).cancel_requested
     assert JobEvent.objects.filter(job_id=third.job_id, message=reason).exists()
+
+
+def test_a_grid_study_runs_each_point_once_and_ends_with_the_grid(api_client, alice, image):
+    data = study_data(image, sampler="grid", trials=10, parallel=1,
+                      space={"lr": {"type": "categorical", "choices": [0.1, 0.01]},
+                             "width": {"type": "int", "low": 8, "high": 8},
+                             "opt": {"type": "categorical", "choices": ["sgd"]}})
+    study_id = api_client(alice).post("/api/studies/", data, format="json").json()["id"]
+    for _ in range(3):
+        tasks.drive_study(study_id)
+        for trial in running_trials(Study.objects.get(pk=study_id)):
+            end(trial.job, State.SUCCEEDED, [(0, trial.params["lr"])])
+    study = Study.objects.get(pk=study_id)
+    assert study.state == Study.State.DONE
+    assert sorted(t.params["lr"] for t in study.trials.all()) == [0.01, 0.1]

@@ -1,9 +1,10 @@
 """Studies: a hyperparameter search in which every trial is an ordinary job (DESIGN.md's contract).
 
-Optuna drives it ask-and-tell. Its storage is its RDB storage on the portal's own database
-(storage(): the SQLAlchemy URL of Django's connection, PostgreSQL or the embedded SQLite file), so
-a study needs no second service and survives any restart. drive() is one pass over a study, under
-a row lock on it (two workers never ask for the same trial twice):
+Optuna drives it ask-and-tell. Its storage is its RDB storage in the portal's own PostgreSQL
+(storage(): the SQLAlchemy URL of Django's connection), or on the embedded SQLite default its
+journal file under the data folder, so a study needs no second service and survives any restart.
+drive() is one pass over a study, under a row lock on it (two workers never ask for the same
+trial twice):
 
 1. trials whose jobs ended are told to Optuna: the objective is the metric's last value among the
    job's stored metric points; a failed job is a failed trial, retried once (Optuna's
@@ -21,12 +22,14 @@ asked in a pass that then failed has no row, and the next pass tells Optuna it f
 """
 import itertools
 import logging
+import os
 import re
 import statistics
 import threading
 import uuid
 import warnings
 
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -181,33 +184,38 @@ _storages_lock = threading.Lock()
 
 
 def database_url():
-    """The SQLAlchemy URL of Django's default database (the one in use: a test run's too)."""
+    """The SQLAlchemy URL of Django's default database (the one in use: a test run's too), where it
+    is PostgreSQL; None otherwise."""
     from sqlalchemy.engine import URL
 
     settings = connection.settings_dict
-    if connection.vendor == "postgresql":
-        return URL.create("postgresql+psycopg2", username=settings["USER"] or None,
-                          password=settings["PASSWORD"] or None, host=settings["HOST"] or None,
-                          port=int(settings["PORT"]) if settings["PORT"] else None,
-                          database=settings["NAME"]).render_as_string(hide_password=False)
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    raise RuntimeError(f"studies keep Optuna's storage in PostgreSQL or SQLite, not {connection.vendor}")
+    if connection.vendor != "postgresql":
+        return None
+    return URL.create("postgresql+psycopg2", username=settings["USER"] or None,
+                      password=settings["PASSWORD"] or None, host=settings["HOST"] or None,
+                      port=int(settings["PORT"]) if settings["PORT"] else None,
+                      database=settings["NAME"]).render_as_string(hide_password=False)
 
 
 def storage():
-    """Optuna's RDB storage on the portal's database, one per process (its tables are created once)."""
+    """Optuna's storage, one per process. On PostgreSQL, its RDB storage in the portal's database
+    (its tables created once). On the embedded SQLite, its journal file under the data folder:
+    a pass holds SQLite's one write lock while it asks Optuna, so Optuna cannot write to that file."""
     import optuna
 
     url = database_url()
+    key = url or str(django_settings.DATA_DIR / "optuna" / "studies.journal")
     with _storages_lock:
-        if url not in _storages:
+        if key not in _storages:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            kwargs = {"pool_pre_ping": True}
-            if url.startswith("sqlite"):
-                kwargs["connect_args"] = {"timeout": 30}     # web, worker and beat share the file
-            _storages[url] = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        return _storages[url]
+            if url:
+                _storages[key] = optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+            else:
+                folder = django_settings.DATA_DIR / "optuna"
+                folder.mkdir(mode=0o700, exist_ok=True)
+                os.close(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600))     # as the database file
+                _storages[key] = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(key))
+        return _storages[key]
 
 
 def close_storages():
@@ -215,14 +223,20 @@ def close_storages():
     used again opens new ones."""
     with _storages_lock:
         for found in _storages.values():
-            found.engine.dispose()
+            if hasattr(found, "engine"):
+                found.engine.dispose()
 
 
 def _sampler(spec):
     import optuna
 
     if spec["sampler"] == "grid":
-        return optuna.samplers.GridSampler(grid_of(spec["space"]))
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values):
+                """Nothing: a grid study ends with its budget (studies.budget: at most the grid);
+                GridSampler's own Study.stop() works only inside study.optimize()."""
+
+        return Grid(grid_of(spec["space"]))
     if spec["sampler"] == "random":
         return optuna.samplers.RandomSampler()
     return optuna.samplers.TPESampler()
