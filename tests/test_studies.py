@@ -239,3 +239,22 @@ def test_a_grid_study_runs_each_point_once_and_ends_with_the_grid(api_client, al
     study = Study.objects.get(pk=study_id)
     assert study.state == Study.State.DONE
     assert sorted(t.params["lr"] for t in study.trials.all()) == [0.01, 0.1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trial_optuna_asked_in_a_pass_that_never_committed_is_failed_not_lost_or_run(row_locks, api_client,
+                                                                                        alice, image):
+    """A worker killed between Optuna's ask and the commit of the trial's job: the next pass finds
+    the asked trial without a job, tells Optuna it failed, and asks a new one in its place."""
+    from optuna.trial import TrialState
+
+    study_id = api_client(alice).post("/api/studies/", study_data(image), format="json").json()["id"]
+    tasks.drive_study(study_id)
+    study = Study.objects.get(pk=study_id)
+    lost = studies.optuna_study(study).ask()                    # the killed pass's
+    tasks.drive_study(study_id)
+    assert studies.storage().get_trial(lost._trial_id).state == TrialState.FAIL
+    end(running_trials(study)[0].job, State.SUCCEEDED, [(0, 1.0)])
+    tasks.drive_study(study_id)
+    numbers = sorted(study.trials.values_list("number", flat=True))
+    assert numbers == [0, 1, lost.number + 1] and len(running_trials(study)) == 2

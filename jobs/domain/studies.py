@@ -358,6 +358,7 @@ class _Pass:
             if value is None:
                 if not self.study.trials.filter(state=Trial.State.COMPLETE).exists():
                     self._tell(trial, TrialState.FAIL, reason=f"its job never reported {self.metric}")
+                    self._tell_running_failed()
                     _end(self.study, Study.State.FAILED,
                          f"the objective metric {self.metric!r} was never reported by trial {trial.number} "
                          f"(job {job.pk}), the first to finish: the study stops rather than spend its budget")
@@ -372,6 +373,13 @@ class _Pass:
         elif reported is not None and reported.should_prune():
             self._prune(trial, reported)
         return True
+
+    def _tell_running_failed(self):
+        """Before the study ends: its running trials failed, in Optuna's record too."""
+        from optuna.trial import TrialState
+
+        for number in self.study.trials.filter(state=Trial.State.RUNNING).values_list("number", flat=True):
+            self.optuna.tell(number, state=TrialState.FAIL, skip_if_finished=True)
 
     def _report(self, trial):
         """The trial's new metric points as Optuna's intermediate values; its optuna Trial, or
@@ -440,6 +448,7 @@ class _Pass:
             form = self.job_form(data=job_data(self.study, handle.number, handle.params), user=self.study.owner)
             if not form.is_valid():
                 self.optuna.tell(handle.number, state=TrialState.FAIL)
+                self._tell_running_failed()
                 problems = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in form.errors.items())
                 _end(self.study, Study.State.FAILED, f"trial {handle.number} could not be submitted: {problems}")
                 return
