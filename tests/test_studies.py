@@ -52,6 +52,12 @@ def test_a_study_is_its_owners_and_a_strangers_404(api_client, make_user, image)
     assert stranger.get("/api/studies/").json() == []
     assert Study.objects.get().state == Study.State.RUNNING
 
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/studies/{study['id']}/").content.decode()
+    assert "Stop the study" in html and "No trial yet" in html
+    assert f'href="/studies/{study["id"]}/"' in page.get("/studies/").content.decode()
+
     stopped = api_client(alice).post(f"/api/studies/{study['id']}/stop/").json()
     assert stopped["state"] == "STOPPED" and stopped["reason"] == "stopped by alice"
 

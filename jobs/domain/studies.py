@@ -269,9 +269,12 @@ def distributions(space):
 def optuna_study(study):
     import optuna
 
-    return optuna.create_study(study_name=study.optuna_name, storage=storage(), load_if_exists=True,
-                               direction=study.spec["objective"]["direction"], sampler=_sampler(study.spec),
-                               pruner=_pruner(study.spec))
+    sampler, pruner = _sampler(study.spec), _pruner(study.spec)
+    try:
+        return optuna.load_study(study_name=study.optuna_name, storage=storage(), sampler=sampler, pruner=pruner)
+    except KeyError:             # its first pass
+        return optuna.create_study(study_name=study.optuna_name, storage=storage(), load_if_exists=True,
+                                   direction=study.spec["objective"]["direction"], sampler=sampler, pruner=pruner)
 
 
 # --- the metric ---------------------------------------------------------------------------------
