@@ -9,7 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from jobs import tasks
+from jobs import taskqueue, tasks
 from jobs.domain import states, studies
 from jobs.models import JobEvent, MetricPoint, Quota, State, Study, Trial
 
@@ -232,7 +232,8 @@ def test_a_trial_worse_than_the_median_is_pruned_and_its_job_stopped_saying_why(
     assert JobEvent.objects.filter(job_id=third.job_id, message=reason).exists()
 
 
-def test_a_grid_study_runs_each_point_once_and_ends_with_the_grid(api_client, alice, image):
+def test_a_grid_study_runs_each_point_once_and_ends_with_the_grid(api_client, alice, image,
+                                                                   django_capture_on_commit_callbacks):
     data = study_data(image, sampler="grid", trials=10, parallel=1,
                       space={"lr": {"type": "categorical", "choices": [0.1, 0.01]},
                              "width": {"type": "int", "low": 8, "high": 8},
@@ -241,7 +242,9 @@ def test_a_grid_study_runs_each_point_once_and_ends_with_the_grid(api_client, al
     for _ in range(3):
         tasks.drive_study(study_id)
         for trial in running_trials(Study.objects.get(pk=study_id)):
-            end(trial.job, State.SUCCEEDED, [(0, trial.params["lr"])])
+            with django_capture_on_commit_callbacks() as callbacks:
+                end(trial.job, State.SUCCEEDED, [(0, trial.params["lr"])])
+            assert "drive_study" in taskqueue.sent(callbacks)      # its end starts the study's next pass
     study = Study.objects.get(pk=study_id)
     assert study.state == Study.State.DONE
     assert sorted(t.params["lr"] for t in study.trials.all()) == [0.01, 0.1]
