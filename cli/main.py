@@ -29,7 +29,7 @@ import requests
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import connect
 
-from cli import notifications, pack
+from cli import notifications, pack, studies
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -615,6 +615,7 @@ def build_parser():
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
     notifications.add_command(commands, _positive)
+    studies.add_command(commands)
     return parser
 
 
@@ -671,7 +672,7 @@ def _version():
 
 
 COMMANDS = {"submit": cmd_submit, "logs": cmd_logs, "ls": cmd_ls, "tag": cmd_tag, "note": cmd_note, "cancel": cmd_cancel,
-            "backends": cmd_backends, "notifications": notifications.run}
+            "backends": cmd_backends, "notifications": notifications.run, "study": studies.run}
 
 
 def main(argv=None):

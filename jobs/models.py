@@ -634,3 +634,59 @@ class GitAllowedNetwork(AllowedNetwork):
     class Meta(AllowedNetwork.Meta):
         verbose_name = "network allowed for git repositories"
         verbose_name_plural = "networks allowed for git repositories"
+
+
+class Study(models.Model):
+    """A hyperparameter search (jobs.domain.studies): one base job tried with the values Optuna
+    picks for its placeholders, each trial an ordinary job. Optuna keeps its own record of the
+    study (named optuna_name) in its tables of this database; these rows are what the portal
+    shows and what keeps a trial from being submitted twice."""
+
+    class State(models.TextChoices):
+        RUNNING = "RUNNING"
+        DONE = "DONE"
+        STOPPED = "STOPPED"
+        FAILED = "FAILED"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="studies")
+    name = models.CharField(max_length=100)
+    spec = models.JSONField(help_text="base, space, objective, trials, parallel, sampler, pruner (as submitted).")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING, db_index=True)
+    reason = models.CharField(max_length=500, blank=True, help_text="Why the study stopped or failed.")
+    optuna_name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "studies"
+
+    def __str__(self):
+        return f"study {self.pk} ({self.name})"
+
+
+class Trial(models.Model):
+    """One trial of a study: the parameters Optuna asked for, and the job that ran them (its record:
+    a trial with a job is never submitted again)."""
+
+    class State(models.TextChoices):
+        RUNNING = "RUNNING"         # its job is queued or running
+        COMPLETE = "COMPLETE"
+        PRUNED = "PRUNED"
+        FAIL = "FAIL"
+
+    study = models.ForeignKey(Study, on_delete=models.CASCADE, related_name="trials")
+    number = models.IntegerField(help_text="Optuna's trial number.")
+    optuna_id = models.BigIntegerField(help_text="Optuna's trial id (its storage's key).")
+    params = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    value = models.FloatField(null=True, blank=True, help_text="The objective as the trial's job reported it.")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    retry_of = models.IntegerField(null=True, blank=True, help_text="The number of the failed trial this one retries.")
+    reason = models.CharField(max_length=500, blank=True)
+    last_step = models.BigIntegerField(default=-1, help_text="The last step reported to Optuna (pruning).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["study", "number"]
+        constraints = [models.UniqueConstraint(fields=["study", "number"], name="trial_number_once")]

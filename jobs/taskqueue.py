@@ -48,3 +48,8 @@ def deliver_notification(delivery_id):
 def collect_artifacts(job_id):
     """Bring a job's artifacts to where the portal reads them (at its end, or "Fetch now")."""
     transaction.on_commit(Send("collect_artifacts", job_id))
+
+
+def drive_study(study_id):
+    """Let a study look at its trials (one of their jobs ended, or it was created)."""
+    transaction.on_commit(Send("drive_study", study_id))

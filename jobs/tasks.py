@@ -6,8 +6,9 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from jobs import backends
-from jobs.domain import artifacts, follow, notifications, notify_send, scheduler, tbmetrics
+from jobs.domain import artifacts, follow, notifications, notify_send, scheduler, studies, tbmetrics
 from jobs.models import Job
+from jobs.web.forms import JobForm
 
 
 @shared_task(acks_late=True)
@@ -76,6 +77,19 @@ def scrape_tensorboard():
 def expire_artifacts():
     """Beat's deletion of artifacts past RINGMASTER_ARTIFACT_RETENTION_DAYS."""
     return artifacts.expire()
+
+
+@shared_task
+def drive_study(study_id):
+    """One pass over a study (jobs.domain.studies.drive): its trials' ends told, new trials asked.
+    Its trials are validated by the job form, as every job is."""
+    studies.drive(study_id, JobForm)
+
+
+@shared_task
+def drive_studies():
+    """Beat's pass over every running study: new metric points reported (pruning), ended trials told."""
+    studies.drive_running(JobForm)
 
 
 @worker_ready.connect

@@ -185,6 +185,10 @@ CELERY_BEAT_SCHEDULE = {
     # Running jobs' TensorBoard scalars read into metric points (jobs.domain.tbmetrics).
     "tensorboard": {"task": "jobs.tasks.scrape_tensorboard",
                     "schedule": float(os.environ.get("RINGMASTER_TENSORBOARD_SECONDS", "5"))},
+    # Running studies: new metric points reported to Optuna (pruning), ended trials told, new ones
+    # asked (jobs.domain.studies); a trial's job that ends also starts a pass at once.
+    "studies": {"task": "jobs.tasks.drive_studies",
+                "schedule": float(os.environ.get("RINGMASTER_STUDY_SECONDS", "5"))},
 }
 # Beat adds the enabled backends' health checks, each at its own interval (portal.celery).
 
@@ -234,6 +238,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two choice sets named "state": a job's, and a study's.
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State", "StudyStateEnum": "jobs.models.Study.State"},
 }
 
 SESSION_COOKIE_HTTPONLY = True

@@ -331,6 +331,21 @@ def refusal(user, group, backend, gpus):
     return refusal_words(never) if never else None
 
 
+def parallel_refusal(user, group, backend, gpus, parallel):
+    """Why `parallel` jobs of `gpus` GPUs each can never run at once for this user, group and
+    backend (a study's trials at once), naming the limit; None where they can."""
+    book = QuotaBook(users=[user.pk], groups=[group.pk] if group else [])
+    constraints = book.constraints(user.pk, user.get_username(), group.pk if group else None,
+                                   group.name if group else "", backend)
+    for scope, limits in constraints:
+        if limits.jobs is not None and parallel > limits.jobs:
+            return f"At most {limits.jobs} jobs at once under the {scope.quota_label} of {scope.name}."
+        if limits.gpus is not None and parallel * gpus > limits.gpus:
+            return (f"{parallel} trials of {gpus} GPUs need {parallel * gpus} GPUs at once; the "
+                    f"{scope.quota_label} of {scope.name} allows {limits.gpus}.")
+    return None
+
+
 def largest_jobs(user, groups, backend_names):
     """{(group name or "", backend name): the most GPUs one job of `user` charged to that group
     (or to none) may ask for on that backend, or None}: what refusal() allows, for the job form."""

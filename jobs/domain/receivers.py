@@ -4,7 +4,7 @@ from django.dispatch import receiver
 
 from jobs import taskqueue
 from jobs.domain import notifications
-from jobs.models import TERMINAL_STATES, Job, JobEvent, Quota
+from jobs.models import TERMINAL_STATES, Job, JobEvent, Quota, Trial
 
 
 @receiver([post_save, post_delete], sender=Quota)
@@ -34,3 +34,14 @@ def bring_back_the_artifacts_of_a_job_that_ended(sender, instance, created, **kw
     """A job's end queues the bring-back of its artifacts (and the count of their size)."""
     if created and instance.state in TERMINAL_STATES:
         taskqueue.collect_artifacts(instance.job_id)
+
+
+@receiver(post_save, sender=JobEvent)
+def drive_the_study_of_a_trial_that_ended(sender, instance, created, **kwargs):
+    """A trial's job that ends lets its study tell Optuna and ask for the next trial now, not at
+    beat's next pass. Only a job tagged as a study's trial costs a query."""
+    if created and instance.state in TERMINAL_STATES and any(
+            tag.startswith("study-") for tag in instance.job.tags or []):
+        study_id = Trial.objects.filter(job_id=instance.job_id).values_list("study_id", flat=True).first()
+        if study_id is not None:
+            taskqueue.drive_study(study_id)

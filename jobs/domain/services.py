@@ -157,8 +157,9 @@ def set_priority(job, priority, by):
     return _change_queued(job, f"priority set to {priority} by {by.get_username()}", priority=priority)
 
 
-def cancel(job, by):
-    """Cancel a job. A queued job ends at once; a running one is stopped by a worker."""
+def cancel(job, by, reason=""):
+    """Cancel a job. A queued job ends at once; a running one is stopped by a worker. `reason`:
+    why, where it is not a person's decision (a study pruned the trial): the job's event says it."""
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.is_terminal:
@@ -166,7 +167,7 @@ def cancel(job, by):
         if locked.state == State.QUEUED:
             # It may have been the job others waited behind: let the scheduler look again.
             taskqueue.wake_scheduler()
-            return states.transition(job.pk, State.CANCELLED, message=f"cancelled by {by.get_username()}")
-        if states.request_cancel(locked, f"cancel requested by {by.get_username()}"):
+            return states.transition(job.pk, State.CANCELLED, message=reason or f"cancelled by {by.get_username()}")
+        if states.request_cancel(locked, reason or f"cancel requested by {by.get_username()}"):
             taskqueue.stop_job(job.pk)
     return locked

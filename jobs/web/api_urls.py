@@ -1,6 +1,7 @@
 from django.urls import path
 
-from jobs.web import api, artifact_api, backend_api, compare_views, git_api, notify_api, project_api
+from jobs.web import (api, artifact_api, backend_api, compare_views, git_api, notify_api, project_api,
+                      study_api)
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -22,6 +23,9 @@ urlpatterns = [
     path("jobs/<id:job_id>/files/<path:path>", project_api.JobFile.as_view(), name="api-job-file"),
     path("jobs/<id:job_id>/rerun-from-checkpoint/", artifact_api.RerunFromCheckpoint.as_view(),
          name="api-job-rerun-from-checkpoint"),
+    path("studies/", study_api.StudyList.as_view(), name="api-studies"),
+    path("studies/<id:study_id>/", study_api.StudyDetail.as_view(), name="api-study"),
+    path("studies/<id:study_id>/stop/", study_api.StudyStop.as_view(), name="api-study-stop"),
     path("quota/", api.QuotaView.as_view(), name="api-quota"),
     path("backends/", backend_api.BackendList.as_view(), name="api-backends"),
     path("compare/", compare_views.CompareView.as_view(), name="api-compare"),

@@ -2,7 +2,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs.web import artifact_views, compare_views, joblist, settings_views, usage_views, views
+from jobs.web import artifact_views, compare_views, joblist, settings_views, study_views, usage_views, views
 from jobs.web import params  # noqa: F401  (the <id:...> converter)
 
 urlpatterns = [
@@ -23,6 +23,9 @@ urlpatterns = [
     path("jobs/<id:job_id>/rerun-from-checkpoint/", artifact_views.rerun_from_checkpoint,
          name="job-rerun-from-checkpoint"),
     path("compare/", compare_views.compare_page, name="compare"),
+    path("studies/", study_views.study_list, name="study-list"),
+    path("studies/<id:study_id>/", study_views.study_detail, name="study-detail"),
+    path("studies/<id:study_id>/stop/", study_views.study_stop, name="study-stop"),
     path("usage/", usage_views.my_usage, name="my-usage"),
     path("settings/", settings_views.settings_page, name="settings"),
     path("settings/notifications/<id:target_id>/", settings_views.target_log, name="notification-target"),
