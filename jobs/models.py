@@ -393,6 +393,22 @@ class ApiToken(models.Model):
         return f"API token of {self.user}"
 
 
+class SsoGroup(models.Model):
+    """Marks a group whose members the directory decides (jobs.domain.directory): made, or taken
+    over, when a sign-on's groups claim first names it. Groups without this mark (made by hand in
+    the admin and never named by the claim) keep the members an admin gives them."""
+
+    group = models.OneToOneField(Group, primary_key=True, on_delete=models.CASCADE, related_name="sso")
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "group kept by single sign-on"
+        verbose_name_plural = "groups kept by single sign-on"
+
+    def __str__(self):
+        return str(self.group)
+
+
 class SlotAllocation(models.Model):
     """GPU slots a job holds on one host, from admission until the job ends (any way): a host of
     its backend (an instance: `host_id` is the id of the backend's own row), or this machine
