@@ -104,6 +104,24 @@ def test_the_groups_claim_sets_the_managed_groups_at_every_sign_on(provider):
     assert Group.objects.filter(name="vision").exists()         # the group stays, for its other members
 
 
+def test_a_deactivated_account_is_not_signed_in_through_the_provider(provider):
+    browser, _, _ = sign_on(provider, claims("sub-gil", "gil", ["vision"]))
+    gil = signed_in(browser)
+    gil.is_active = False
+    gil.save()
+    browser, _, callback = sign_on(provider, claims("sub-gil", "gil", ["vision"]))
+    assert callback.status_code == 302 and callback["Location"] == "/accounts/inactive/"
+    assert not signed_in(browser)
+
+
+def test_the_admin_shows_which_groups_the_directory_keeps(provider, admin_client):
+    Group.objects.create(name="by-hand")
+    sign_on(provider, claims("sub-hal", "hal", ["vision"]))
+    page = admin_client.get("/admin/auth/group/").content.decode()
+    assert re.search(r'vision</a></th><td class="field-kept_by_directory"><img[^>]*alt="True"', page)
+    assert re.search(r'by-hand</a></th><td class="field-kept_by_directory"><img[^>]*alt="False"', page)
+
+
 def test_staff_given_by_hand_is_kept_when_the_claim_never_named_the_staff_group(provider, make_user):
     browser, _, _ = sign_on(provider, claims("sub-fay", "fay", ["vision"]))
     fay = signed_in(browser)
