@@ -241,7 +241,6 @@ RINGMASTER_OIDC_NAME = os.environ.get("RINGMASTER_OIDC_NAME", "") or "single sig
 # the value of it that makes the user staff.
 RINGMASTER_OIDC_GROUPS_CLAIM = os.environ.get("RINGMASTER_OIDC_GROUPS_CLAIM", "") or "groups"
 RINGMASTER_OIDC_STAFF_GROUP = os.environ.get("RINGMASTER_OIDC_STAFF_GROUP", "")
-_SSO_ORIGIN = "/".join(RINGMASTER_OIDC_ISSUER.split("/")[:3])        # scheme://host[:port]
 INSTALLED_APPS += ["allauth", "allauth.account", "allauth.socialaccount",
                    "allauth.socialaccount.providers.openid_connect"]
 MIDDLEWARE.insert(MIDDLEWARE.index("axes.middleware.AxesMiddleware"), "allauth.account.middleware.AccountMiddleware")
@@ -310,9 +309,7 @@ CONTENT_SECURITY_POLICY = {
         "connect-src": ["'self'"],          # the API and the job websocket (ws:/wss: of this origin)
         "object-src": ["'none'"],
         "base-uri": ["'none'"],
-        # The sign-on button posts here and is sent on to the provider: browsers hold redirects
-        # after a form to form-action too.
-        "form-action": ["'self'", *([_SSO_ORIGIN] if _SSO_ORIGIN else [])],
+        "form-action": ["'self'"],        # the login page adds its providers' (jobs.web.sso)
         "frame-ancestors": ["'none'"],
     }
 }

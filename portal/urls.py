@@ -8,9 +8,11 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from jobs.web import sso
+
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", sso.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # Single sign-on (django-allauth): the providers' login and callback, and the few pages of
     # its flow; no sign-up, password or e-mail pages of its own (/login/ is the one login page).

@@ -24,6 +24,7 @@ from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 
 from jobs.domain import tokens
+from jobs.web.sso import allow_providers
 
 # What a wrong token counts as: a failed sign-in of no account.
 TOKEN_CREDENTIALS = {"username": None}
@@ -93,7 +94,7 @@ def lockout_response(request, original_response=None, credentials=None):
             form = _refused(AuthenticationForm(request, initial={"username": username}), text)
             context = {"form": form, "next": request.POST.get("next", request.GET.get("next", ""))}
             template = "registration/login.html"
-        response = render(request, template, context, status=429)
+        response = allow_providers(request, render(request, template, context, status=429))
     response["Retry-After"] = str(seconds)
     return response
 

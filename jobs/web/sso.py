@@ -9,7 +9,10 @@ An admin who wants a local account to sign in through the provider points the pr
 from allauth.account.adapter import DefaultAccountAdapter
 from allauth.account.signals import user_logged_in
 from allauth.core.exceptions import ImmediateHttpResponse
-from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
+from urllib.parse import urlsplit
+
+from allauth.socialaccount.adapter import DefaultSocialAccountAdapter, get_adapter
+from django.contrib.auth import views as auth_views
 from django.dispatch import receiver
 from django.http import HttpResponseBadRequest
 
@@ -33,6 +36,33 @@ class SocialAccountAdapter(DefaultSocialAccountAdapter):
         if sociallogin.state.get("process") == "connect":
             raise ImmediateHttpResponse(HttpResponseBadRequest(
                 "process: connecting a provider's account is done by an admin.", content_type="text/plain"))
+
+
+def provider_origins(request):
+    """The origins of the OpenID Connect providers (the settings' and the admin's), in order."""
+    origins = []
+    for app in get_adapter().list_apps(request):
+        url = urlsplit(str((app.settings or {}).get("server_url", "")))
+        if url.scheme in ("http", "https") and url.netloc and f"{url.scheme}://{url.netloc}" not in origins:
+            origins.append(f"{url.scheme}://{url.netloc}")
+    return origins
+
+
+def allow_providers(request, response):
+    """`response` (a page with the sign-on buttons) with its Content-Security-Policy's form-action
+    widened to the providers: a button's form is sent on to its provider, and browsers hold the
+    redirects after a form to form-action too."""
+    origins = provider_origins(request)
+    if origins:
+        response._csp_update = {"form-action": origins}
+    return response
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page (passwords, throttled by django-axes) with a button per provider."""
+
+    def dispatch(self, request, *args, **kwargs):
+        return allow_providers(request, super().dispatch(request, *args, **kwargs))
 
 
 def claims(extra_data):
