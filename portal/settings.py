@@ -275,6 +275,10 @@ def oidc_providers(issuer, client_id, secret, name):
 SOCIALACCOUNT_PROVIDERS = oidc_providers(RINGMASTER_OIDC_ISSUER, RINGMASTER_OIDC_CLIENT_ID,
                                          RINGMASTER_OIDC_CLIENT_SECRET, RINGMASTER_OIDC_NAME)
 
+# API tokens (jobs.domain.tokens) stop working this many days after they are made (0: never);
+# `manage.py create_api_token --expires-days N` makes one of another lifetime.
+RINGMASTER_API_TOKEN_DAYS = int(os.environ.get("RINGMASTER_API_TOKEN_DAYS", "90"))
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ringmaster API",
     "DESCRIPTION": "Submit and follow distributed Horovod training jobs.",
