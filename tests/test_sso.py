@@ -170,3 +170,17 @@ def test_the_provider_comes_from_the_environment(tmp_path):
     assert (app["name"], app["client_id"], app["secret"]) == ("Lab Keycloak", "portal", "shh")
     assert app["settings"]["server_url"] == "https://id.lab.example/realms/lab"
     assert (groups_claim, staff) == ("teams", "admins")
+
+
+def test_the_groups_claim_is_read_where_the_provider_puts_it(settings):
+    """The claim's values from userinfo, else the ID token (allauth keeps both), else a SAML-like
+    provider's attributes; one string is one group; what cannot be a group's name is left out."""
+    from jobs.domain.directory import claim_values
+    from jobs.web.sso import claims as claims_of
+
+    settings.RINGMASTER_OIDC_GROUPS_CLAIM = "teams"
+    assert claim_values(claims_of({"id_token": {"teams": ["vision"]}, "userinfo": {"sub": "x"}})) == ["vision"]
+    assert claim_values(claims_of({"id_token": {"teams": ["old"]}, "userinfo": {"teams": ["nlp"]}})) == ["nlp"]
+    assert claim_values(claims_of({"teams": "vision"})) == ["vision"]
+    assert claim_values({"teams": [" vision ", "", 7, "x" * 151, "vision"]}) == ["vision"]
+    assert claim_values({"groups": ["vision"]}) == [] and claim_values({"teams": {"a": 1}}) == []
