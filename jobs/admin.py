@@ -11,7 +11,7 @@ from jobs import backends
 from jobs.domain import services
 from jobs.web.forms import MAX_PRIORITY
 from jobs.models import (
-    GitAllowedNetwork, Image, Job, JobEvent, NotifyAllowedNetwork, Quota, Script, State, UserSettings,
+    GitAllowedNetwork, Image, Job, JobEvent, NotifyAllowedNetwork, Quota, Script, SsoGroup, State, UserSettings,
 )
 
 
@@ -175,7 +175,31 @@ class RingmasterUserAdmin(UserAdmin):
 
 @admin.register(Group)
 class RingmasterGroupAdmin(GroupAdmin):
+    """Groups, with their quotas; those the directory keeps (jobs.domain.directory) say so."""
+
     inlines = [*GroupAdmin.inlines, QuotaInline]
+    list_display = ["name", "kept_by_directory"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("sso")
+
+    @admin.display(boolean=True, description="kept by single sign-on")
+    def kept_by_directory(self, group):
+        return hasattr(group, "sso")
+
+
+@admin.register(SsoGroup)
+class SsoGroupAdmin(admin.ModelAdmin):
+    """The groups whose members the directory's groups claim sets at each sign-on. Deleting a
+    row hands its group back to the admin: members stay, and sign-ons no longer change them
+    (until the claim names it again)."""
+
+    list_display = ["group", "since"]
+    search_fields = ["group__name"]
+    readonly_fields = ["group", "since"]
+
+    def has_add_permission(self, request):
+        return False
 
 
 @admin.register(NotifyAllowedNetwork)

@@ -8,6 +8,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from runners import launchers
 
@@ -417,9 +418,33 @@ class ApiToken(models.Model):
                                 related_name="api_token")
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
+    # When it stops working (RINGMASTER_API_TOKEN_DAYS after it was made); none: never.
+    expires = models.DateTimeField(null=True, blank=True)
+    # A read-only token may only read (GET, HEAD, OPTIONS); anything else is 403.
+    read_only = models.BooleanField(default=False)
 
     def __str__(self):
         return f"API token of {self.user}"
+
+    @property
+    def expired(self):
+        return self.expires is not None and self.expires <= timezone.now()
+
+
+class SsoGroup(models.Model):
+    """Marks a group whose members the directory decides (jobs.domain.directory): made, or taken
+    over, when a sign-on's groups claim first names it. Groups without this mark (made by hand in
+    the admin and never named by the claim) keep the members an admin gives them."""
+
+    group = models.OneToOneField(Group, primary_key=True, on_delete=models.CASCADE, related_name="sso")
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "group kept by single sign-on"
+        verbose_name_plural = "groups kept by single sign-on"
+
+    def __str__(self):
+        return str(self.group)
 
 
 class SlotAllocation(models.Model):

@@ -231,6 +231,58 @@ AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_VERBOSE = False
 
+# --- single sign-on (django-allauth; jobs.web.sso, jobs.domain.directory) ------------------
+# An OpenID Connect provider from the environment: RINGMASTER_OIDC_ISSUER (its discovery document
+# at <issuer>/.well-known/openid-configuration), the client's id and secret, the button's label.
+# More providers (SAML, other OIDC ones) are added in the admin (Social applications). Users are
+# matched on the provider's subject, never on e-mail: a new subject whose e-mail an account
+# already has becomes an account of its own. Local accounts sign in as before on /login/.
+RINGMASTER_OIDC_ISSUER = os.environ.get("RINGMASTER_OIDC_ISSUER", "").strip().rstrip("/")
+RINGMASTER_OIDC_CLIENT_ID = os.environ.get("RINGMASTER_OIDC_CLIENT_ID", "")
+RINGMASTER_OIDC_CLIENT_SECRET = os.environ.get("RINGMASTER_OIDC_CLIENT_SECRET", "")
+RINGMASTER_OIDC_NAME = os.environ.get("RINGMASTER_OIDC_NAME", "") or "single sign-on"
+# The claim whose values are the user's groups, set at every sign-on (jobs.domain.directory), and
+# the value of it that makes the user staff.
+RINGMASTER_OIDC_GROUPS_CLAIM = os.environ.get("RINGMASTER_OIDC_GROUPS_CLAIM", "") or "groups"
+RINGMASTER_OIDC_STAFF_GROUP = os.environ.get("RINGMASTER_OIDC_STAFF_GROUP", "")
+INSTALLED_APPS += ["allauth", "allauth.account", "allauth.socialaccount",
+                   "allauth.socialaccount.providers.openid_connect"]
+MIDDLEWARE.insert(MIDDLEWARE.index("axes.middleware.AxesMiddleware"), "allauth.account.middleware.AccountMiddleware")
+ACCOUNT_ADAPTER = "jobs.web.sso.AccountAdapter"            # no sign-up but through a provider
+SOCIALACCOUNT_ADAPTER = "jobs.web.sso.SocialAccountAdapter"
+ACCOUNT_EMAIL_VERIFICATION = "none"            # the provider vouches for its users
+ACCOUNT_UNIQUE_EMAIL = False                   # so a new subject never stalls on an e-mail in use
+SOCIALACCOUNT_AUTO_SIGNUP = True
+SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
+SOCIALACCOUNT_EMAIL_AUTHENTICATION = False     # never sign in to an account by its e-mail alone
+SOCIALACCOUNT_EMAIL_AUTHENTICATION_AUTO_CONNECT = False
+SOCIALACCOUNT_STORE_TOKENS = False
+
+
+def oidc_providers(issuer, client_id, secret, name):
+    """allauth's providers for one OpenID Connect issuer (none where `issuer` is empty): the
+    authorization code flow with PKCE, the endpoints from the issuer's discovery document."""
+    return {
+        "openid_connect": {
+            "OAUTH_PKCE_ENABLED": True,
+            "APPS": [{
+                "provider_id": "sso",          # part of the callback URL and of each account's key: keep it
+                "name": name,
+                "client_id": client_id,
+                "secret": secret,
+                "settings": {"server_url": issuer},
+            }] if issuer else [],
+        },
+    }
+
+
+SOCIALACCOUNT_PROVIDERS = oidc_providers(RINGMASTER_OIDC_ISSUER, RINGMASTER_OIDC_CLIENT_ID,
+                                         RINGMASTER_OIDC_CLIENT_SECRET, RINGMASTER_OIDC_NAME)
+
+# API tokens (jobs.domain.tokens) stop working this many days after they are made (0: never);
+# `manage.py create_api_token --expires-days N` makes one of another lifetime.
+RINGMASTER_API_TOKEN_DAYS = int(os.environ.get("RINGMASTER_API_TOKEN_DAYS", "90"))
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ringmaster API",
     "DESCRIPTION": "Submit and follow distributed Horovod training jobs.",
@@ -267,7 +319,7 @@ CONTENT_SECURITY_POLICY = {
         "connect-src": ["'self'"],          # the API and the job websocket (ws:/wss: of this origin)
         "object-src": ["'none'"],
         "base-uri": ["'none'"],
-        "form-action": ["'self'"],
+        "form-action": ["'self'"],        # the login page adds its providers' (jobs.web.sso)
         "frame-ancestors": ["'none'"],
     }
 }

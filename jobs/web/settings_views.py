@@ -38,7 +38,7 @@ def settings_page(request):
         action = request.POST.get("action")
         if action == "create-token":
             had = tokens.current(user) is not None
-            new_key = tokens.issue(user).key       # shown in this answer only, never stored in a message
+            new_key = tokens.issue(user, read_only=bool(request.POST.get("read_only"))).key   # shown in this answer only
             messages.success(request, "New API token made; the old one no longer works." if had
                              else "API token made.")
         elif action == "revoke-token":

@@ -17,13 +17,14 @@ from django.http import JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 
 from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 
 from jobs.domain import tokens
+from jobs.web.sso import allow_providers
 
 # What a wrong token counts as: a failed sign-in of no account.
 TOKEN_CREDENTIALS = {"username": None}
@@ -93,27 +94,35 @@ def lockout_response(request, original_response=None, credentials=None):
             form = _refused(AuthenticationForm(request, initial={"username": username}), text)
             context = {"form": form, "next": request.POST.get("next", request.GET.get("next", ""))}
             template = "registration/login.html"
-        response = render(request, template, context, status=429)
+        response = allow_providers(request, render(request, template, context, status=429))
     response["Retry-After"] = str(seconds)
     return response
 
 
-def token_user(request, key):
-    """The active user whose API token is `key`, or None for a wrong one (a failed sign-in of the
-    request's address). Raises Locked while the address is locked, and for the failure that locks it."""
+def working_token(request, key):
+    """The working API token (tokens.working) whose key is `key`, or None for a wrong, expired or
+    revoked one, or one of a deactivated user (a failed sign-in of the request's address). Raises
+    Locked while the address is locked, and for the failure that locks it."""
     if not AxesProxyHandler.is_allowed(request, TOKEN_CREDENTIALS):
         raise Locked(retry_after(request, TOKEN_CREDENTIALS))
-    user = tokens.user_for(key)
-    if user is None:
+    token = tokens.working(key)
+    if token is None:
         user_login_failed.send(sender=__name__, credentials=TOKEN_CREDENTIALS, request=request)
         if request.axes_locked_out:
             raise Locked(retry_after(request, TOKEN_CREDENTIALS))
-    return user
+    return token
+
+
+def token_user(request, key):
+    """The user of working_token(request, key), or None."""
+    token = working_token(request, key)
+    return token.user if token is not None else None
 
 
 class TokenAuthentication(authentication.TokenAuthentication):
-    """DRF's `Authorization: Token <key>`, checked through token_user: a wrong key is 401, and
-    a locked address 429 with Retry-After."""
+    """DRF's `Authorization: Token <key>`, checked through working_token: a wrong, expired or
+    revoked key is 401, a locked address 429 with Retry-After, and a read-only token 403 on
+    anything but GET, HEAD and OPTIONS, whatever the view."""
 
     def authenticate(self, request):
         parts = authentication.get_authorization_header(request).split()
@@ -126,11 +135,13 @@ class TokenAuthentication(authentication.TokenAuthentication):
         except UnicodeError:
             raise exceptions.AuthenticationFailed("Invalid token header: the key has characters a key never has.")
         try:
-            user = token_user(request._request, key)
+            token = working_token(request._request, key)
         except Locked as locked:
             refusal = exceptions.Throttled(detail=message(locked.seconds))   # the message says when
             refusal.wait = locked.seconds                                     # Retry-After
             raise refusal
-        if user is None:
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
-        return user, None
+        if token.read_only and request.method not in permissions.SAFE_METHODS:
+            raise exceptions.PermissionDenied("This API token is read-only: it may only read (GET).")
+        return token.user, token
