@@ -270,11 +270,11 @@ class LocalRunner(Runner):
 
     def _forget_attempt(self, spec, control):
         """Make way for the job's next attempt: no process of the one before is left (its sandbox
-        ends them with it; a job run without one may leave some), nor what the portal kept of how
-        it ended. Its output.log stays: the next attempt's output follows it, at the offsets the
-        job's follower goes on from."""
+        ends them with it; a job run without one may leave some), nor what the portal kept of it:
+        how it ended, and its output (stored by the job's follower before the attempt ended; the
+        next attempt's follower reads its own output from offset 0)."""
         self._end_processes(spec)
-        for name in ("exit_code", "exit_code.tmp", limits.HIT_FILE, INSTALL_PLAN, INSTALL_STATUS, "pid"):
+        for name in ("exit_code", "exit_code.tmp", limits.HIT_FILE, INSTALL_PLAN, INSTALL_STATUS, "output.log", "pid"):
             (control / name).unlink(missing_ok=True)
 
     def _environment_of(self, spec):

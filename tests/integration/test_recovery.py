@@ -46,8 +46,16 @@ def test_a_failed_attempt_restarts_from_its_checkpoint_and_the_job_succeeds(http
     lines = list(LogLine.objects.filter(job_id=job_id).order_by("seq").values_list("seq", "text"))
     assert [seq for seq, _ in lines] == list(range(len(lines)))
     texts = [text for _, text in lines]
+    assert texts.count("saved step 5") == 1 and texts.count("resumed at step 5") == 1
     assert texts.index("saved step 5") < second["first_seq"] <= texts.index("resumed at step 5")
     assert "step 6" in texts
+    logs = f"{http.base}/api/jobs/{job_id}/logs/"
+    by_attempt = {number: [line["text"] for line in http.get(logs, params={"attempt": number}).json()["lines"]]
+                  for number in (1, 2)}
+    assert "saved step 5" in by_attempt[1] and "resumed at step 5" not in by_attempt[1]
+    assert "resumed at step 5" in by_attempt[2] and "saved step 5" not in by_attempt[2]
+    refused = http.get(logs, params={"attempt": 3})
+    assert refused.status_code == 400 and "no attempt 3" in refused.json()["attempt"][0]
 
     client = Client()
     client.force_login(Job.objects.get(pk=job_id).owner)
