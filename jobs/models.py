@@ -45,6 +45,14 @@ class Image(models.Model):
         default=True,
         help_text="Whether a project's requirements.txt (or pyproject.toml dependencies) is installed on top of "
                   "this image. Off: a project that names packages is refused with this image.")
+    # The recovery policy of a job of this image that gives none (jobs.web.forms.JobForm), on a
+    # backend that restarts jobs.
+    default_max_restarts = models.PositiveIntegerField(
+        default=0, help_text="Restarts of a job of this image that asks for none (on a backend that restarts jobs).")
+    default_restart_on_exit_codes = models.JSONField(default=list, blank=True,
+                                                     help_text="Their exit codes, e.g. [137].")
+    default_restart_on = models.JSONField(default=list, blank=True,
+                                          help_text="Their other causes: signal, oom, lost_host, preempted.")
 
     class Meta:
         ordering = ["name"]
@@ -71,6 +79,19 @@ class Image(models.Model):
         if unknown or not names:
             raise ValidationError({"launchers": f"Give one or more of {', '.join(launchers.LAUNCHERS)}, "
                                                 f"comma-separated{f' (not {unknown[0]!r})' if unknown else ''}."})
+        self._clean_recovery(ValidationError)
+
+    def _clean_recovery(self, ValidationError):
+        codes, causes = self.default_restart_on_exit_codes, self.default_restart_on
+        if not isinstance(codes, list) or not all(type(code) is int and 1 <= code <= 255 for code in codes):
+            raise ValidationError({"default_restart_on_exit_codes": "Give a list of exit codes from 1 to 255."})
+        if not isinstance(causes, list) or not all(cause in RESTART_CAUSES for cause in causes):
+            raise ValidationError({"default_restart_on": f"Give a list of {', '.join(RESTART_CAUSES)}."})
+        if self.default_max_restarts > settings.RINGMASTER_MAX_RESTARTS_CAP:
+            raise ValidationError({"default_max_restarts": f"At most {settings.RINGMASTER_MAX_RESTARTS_CAP} "
+                                                           "(RINGMASTER_MAX_RESTARTS_CAP)."})
+        if self.default_max_restarts and not codes and not causes:
+            raise ValidationError({"default_max_restarts": "Name what earns a restart: exit codes or causes."})
 
 
 class Script(models.Model):

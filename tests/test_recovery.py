@@ -98,3 +98,25 @@ def test_an_exit_code_of_the_policy_queues_the_next_attempt_behind_a_backoff(run
     job.refresh_from_db()
     assert job.state == State.FAILED and job.reason.endswith("(no restarts left: 1 used)")
     assert list(job.attempts.values_list("number", "exit_code")) == [(1, 137), (2, 137)]
+
+
+def test_a_job_that_gives_no_policy_gets_its_images_where_its_backend_restarts(api_client, alice, image, settings):
+    from django.core.exceptions import ValidationError
+
+    settings.RINGMASTER_BACKENDS = [*settings.RINGMASTER_BACKENDS, FAKE]
+    image.default_max_restarts, image.default_restart_on_exit_codes, image.default_restart_on = 2, [137], ["oom"]
+    image.full_clean()
+    image.save()
+    submitted = {name: post(api_client, alice, image, **fields).json()["id"] for name, fields in [
+        ("none given", {}), ("none wanted", {"max_restarts": 0}), ("its own", {"restart_on_exit_codes": [3],
+                                                                              "max_restarts": 1}),
+        ("elsewhere", {"backend": "fake"})]}
+    policies = {name: Job.objects.values_list("max_restarts", "restart_on_exit_codes", "restart_on").get(pk=pk)
+                for name, pk in submitted.items()}
+    assert policies == {"none given": (2, [137], ["oom"]), "none wanted": (0, [], []), "its own": (1, [3], []),
+                        "elsewhere": (0, [], [])}
+
+    image.default_restart_on = ["reboot"]
+    with pytest.raises(ValidationError) as refused:
+        image.full_clean()
+    assert "default_restart_on" in refused.value.message_dict

@@ -213,6 +213,9 @@ class NoteField(forms.CharField):
         return value
 
 
+RECOVERY_FIELDS = {"max_restarts", "restart_on_exit_codes", "restart_on"}
+
+
 class ExitCodesField(forms.Field):
     """Exit codes (the API's shape: a list of integers, 1 to 255)."""
 
@@ -322,7 +325,8 @@ class JobForm(forms.Form):
     max_restarts = forms.IntegerField(
         required=False, min_value=0, max_value=2 ** 31 - 1, label="Restarts",
         help_text="How many times the job starts again after an attempt fails with one of the causes below, "
-                  "from its newest checkpoint (the checkpoint pattern) in RINGMASTER_CHECKPOINT. 0: none.")
+                  "from its newest checkpoint (the checkpoint pattern) in RINGMASTER_CHECKPOINT. 0: none; "
+                  "empty, with no cause below: the image's default.")
     restart_on_exit_codes = ExitCodesField(required=False, label="Restart on exit codes")
     restart_on = RestartCausesField(required=False, label="Restart on",
                                     help_text="signal: a rank killed by a signal; oom: out of memory; "
@@ -593,7 +597,16 @@ class JobForm(forms.Form):
 
     def _clean_recovery(self, backend, data):
         """Restarts only on a backend that restarts jobs (Backend.restarts_jobs), and only with a
-        cause to restart on."""
+        cause to restart on. A job that asks for no restarts and names no cause, on such a
+        backend, gets its image's policy (Image.default_max_restarts)."""
+        image = data.get("image")
+        given = self.data.get(self.add_prefix("max_restarts")) not in (None, "") or data.get("restart_on_exit_codes") \
+            or data.get("restart_on")
+        if not given and image is not None and image.default_max_restarts and backend is not None \
+                and backend.restarts_jobs and not RECOVERY_FIELDS & set(self.errors):
+            data.update(max_restarts=image.default_max_restarts,
+                        restart_on_exit_codes=list(image.default_restart_on_exit_codes),
+                        restart_on=list(image.default_restart_on))
         if not data.get("max_restarts") or "max_restarts" in self.errors:
             return
         if backend is not None and not backend.restarts_jobs:
