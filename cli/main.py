@@ -324,9 +324,14 @@ def cmd_submit(client, args):
         body["script"] = script["id"]
     for key, value in (("name", args.name), ("launcher", args.launcher), ("backend", args.backend),
                        ("gpu_model", args.gpu_model), ("group", args.group), ("time_limit_minutes", args.time_limit),
-                       ("max_gpus", args.max_gpus)):
+                       ("max_gpus", args.max_gpus), ("checkpoint_pattern", args.checkpoint_pattern),
+                       ("max_restarts", args.max_restarts)):
         if value is not None:
             body[key] = value
+    if args.restart_on_exit_code:
+        body["restart_on_exit_codes"] = args.restart_on_exit_code
+    if args.restart_on:
+        body["restart_on"] = args.restart_on
     body.update(_checked_backend_options(client, args.backend, args.backend_options))
     if args.env:
         body["env"] = dict(args.env)
@@ -579,6 +584,16 @@ def build_parser():
     submit.add_argument("--tag", action="append", default=[], metavar="TAG",
                         help="a tag to find the job by (repeatable)")
     submit.add_argument("--note", metavar="TEXT", help="why you run the job (shown on its page)")
+    submit.add_argument("--checkpoint-pattern", metavar="GLOB",
+                        help="names the job's checkpoints among what it writes under $RINGMASTER_OUTPUT_DIR, "
+                             "e.g. '*.pt'; a restart or a rerun from checkpoint gets the newest in $RINGMASTER_CHECKPOINT")
+    submit.add_argument("--max-restarts", type=int, metavar="N",
+                        help="start the job again, from its newest checkpoint, up to N times after an attempt "
+                             "fails with a cause below (default 0)")
+    submit.add_argument("--restart-on-exit-code", action="append", type=int, default=[], metavar="CODE",
+                        help="an exit code that earns a restart, e.g. 137 (repeatable)")
+    submit.add_argument("--restart-on", action="append", default=[], metavar="CAUSE",
+                        help="another cause that earns a restart: signal, oom, lost_host, preempted (repeatable)")
     submit.add_argument("-f", "--follow", action="store_true", help="then follow its logs to the end")
     submit.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
 

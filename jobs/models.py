@@ -46,6 +46,14 @@ class Image(models.Model):
         default=True,
         help_text="Whether a project's requirements.txt (or pyproject.toml dependencies) is installed on top of "
                   "this image. Off: a project that names packages is refused with this image.")
+    # The recovery policy of a job of this image that gives none (jobs.web.forms.JobForm), on a
+    # backend that restarts jobs.
+    default_max_restarts = models.PositiveIntegerField(
+        default=0, help_text="Restarts of a job of this image that asks for none (on a backend that restarts jobs).")
+    default_restart_on_exit_codes = models.JSONField(default=list, blank=True,
+                                                     help_text="Their exit codes, e.g. [137].")
+    default_restart_on = models.JSONField(default=list, blank=True,
+                                          help_text="Their other causes: signal, oom, lost_host, preempted.")
 
     class Meta:
         ordering = ["name"]
@@ -72,6 +80,19 @@ class Image(models.Model):
         if unknown or not names:
             raise ValidationError({"launchers": f"Give one or more of {', '.join(launchers.LAUNCHERS)}, "
                                                 f"comma-separated{f' (not {unknown[0]!r})' if unknown else ''}."})
+        self._clean_recovery(ValidationError)
+
+    def _clean_recovery(self, ValidationError):
+        codes, causes = self.default_restart_on_exit_codes, self.default_restart_on
+        if not isinstance(codes, list) or not all(type(code) is int and 1 <= code <= 255 for code in codes):
+            raise ValidationError({"default_restart_on_exit_codes": "Give a list of exit codes from 1 to 255."})
+        if not isinstance(causes, list) or not all(cause in RESTART_CAUSES for cause in causes):
+            raise ValidationError({"default_restart_on": f"Give a list of {', '.join(RESTART_CAUSES)}."})
+        if self.default_max_restarts > settings.RINGMASTER_MAX_RESTARTS_CAP:
+            raise ValidationError({"default_max_restarts": f"At most {settings.RINGMASTER_MAX_RESTARTS_CAP} "
+                                                           "(RINGMASTER_MAX_RESTARTS_CAP)."})
+        if self.default_max_restarts and not codes and not causes:
+            raise ValidationError({"default_max_restarts": "Name what earns a restart: exit codes or causes."})
 
 
 class Script(models.Model):
@@ -153,6 +174,11 @@ class State(models.TextChoices):
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
 ACTIVE_STATES = frozenset({State.LAUNCHING, State.RUNNING})
 
+# What besides an exit code may earn a job a restart (Job.restart_on; jobs.domain.recovery says
+# how each is recognised): a rank killed by a signal, the job out of memory, a host of the job
+# lost, the job preempted.
+RESTART_CAUSES = ("signal", "oom", "lost_host", "preempted")
+
 
 def gpus_in_use(size, gpus):
     """The GPUs a job holds: its size once admitted (an elastic job's changes), else the GPUs it
@@ -206,14 +232,27 @@ class Job(models.Model):
                                           help_text="A glob (e.g. *.pt) naming the job's checkpoints among its "
                                                     "artifacts; a rerun from checkpoint starts from the newest.")
     checkpoint = models.CharField(max_length=1024, blank=True, editable=False,
-                                  help_text="A rerun from checkpoint: the parent's artifact it starts from "
-                                            "(RINGMASTER_CHECKPOINT).")
+                                  help_text="The artifact it starts from (RINGMASTER_CHECKPOINT): the parent's "
+                                            "(a rerun from checkpoint), or its own (a restart).")
     artifacts_bytes = models.BigIntegerField(default=0, editable=False,
                                              help_text="Bytes of artifacts kept for the job (the storage quota).")
     artifacts_note = models.CharField(max_length=500, blank=True, editable=False,
                                       help_text="Why the job's artifacts were not all kept (over the storage quota).")
     artifacts_deleted_at = models.DateTimeField(null=True, blank=True, editable=False,
                                                 help_text="When retention deleted the job's artifacts.")
+
+    # Recovery (jobs.domain.recovery): an attempt that fails with a cause of the policy starts the
+    # next one, from the job's newest checkpoint, while restarts remain.
+    max_restarts = models.PositiveIntegerField(default=0, help_text="How many times the job may be restarted.")
+    restart_on_exit_codes = models.JSONField(default=list, blank=True,
+                                             help_text="Exit codes that earn a restart, e.g. [137].")
+    restart_on = models.JSONField(default=list, blank=True,
+                                  help_text="Other causes that earn a restart: signal, oom, lost_host, preempted.")
+    attempt = models.PositiveIntegerField(default=1, editable=False, help_text="The number of the current attempt.")
+    restart_after = models.DateTimeField(null=True, blank=True, editable=False,
+                                         help_text="A restarted job waits until then (the backoff).")
+    checkpoint_own = models.BooleanField(default=False, editable=False,
+                                         help_text="The checkpoint is the job's own (a restart's), not its parent's.")
 
     # Scheduling: higher priority first, then earlier submission (jobs.domain.scheduler.admit). The job's
     # GPUs count against its owner's quota and against the quota of the group it is charged to.
@@ -280,6 +319,25 @@ class Job(models.Model):
         if self.project_id:
             return self.entry_point
         return self.script.name if self.script_id else self.script_path
+
+
+class JobAttempt(models.Model):
+    """One run of a job: the first, and one more per restart (jobs.domain.recovery). Made when the
+    scheduler admits the job; `started` once it runs; `ended` with its exit code and reason once
+    it ends. Its log lines are the job's from `first_seq` to the next attempt's."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    started = models.DateTimeField(null=True, blank=True)
+    ended = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+    gpu_seconds = models.FloatField(default=0)
+    first_seq = models.BigIntegerField(default=0, help_text="The seq of its first log line.")
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_once")]
 
 
 class JobEvent(models.Model):

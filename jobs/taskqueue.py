@@ -10,11 +10,11 @@ from django.db import transaction
 class Send:
     """An on-commit callback that sends task `jobs.tasks.<task>` with `args`."""
 
-    def __init__(self, task, *args):
-        self.task, self.args = task, args
+    def __init__(self, task, *args, countdown=None):
+        self.task, self.args, self.countdown = task, args, countdown
 
     def __call__(self):
-        current_app.send_task(f"jobs.tasks.{self.task}", args=self.args)
+        current_app.send_task(f"jobs.tasks.{self.task}", args=self.args, countdown=self.countdown)
 
     def __repr__(self):
         return f"Send({self.task!r}, *{self.args!r})"
@@ -28,6 +28,11 @@ def sent(callbacks):
 def wake_scheduler():
     """Let the scheduler look at the queue (a job was submitted, ended, or capacity changed)."""
     transaction.on_commit(Send("dispatch"))
+
+
+def wake_scheduler_after(seconds):
+    """Let the scheduler look at the queue in `seconds` (a restarted job's backoff ends then)."""
+    transaction.on_commit(Send("dispatch", countdown=max(0.0, seconds)))
 
 
 def run_job(job_id):

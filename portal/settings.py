@@ -351,6 +351,10 @@ RINGMASTER_TELEMETRY_SECONDS = float(os.environ.get("RINGMASTER_TELEMETRY_SECOND
 # Default and largest time limit of a job, in minutes.
 RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_DEFAULT_TIME_LIMIT_MINUTES", "1440"))
 RINGMASTER_MAX_TIME_LIMIT_MINUTES = int(os.environ.get("RINGMASTER_MAX_TIME_LIMIT_MINUTES", "10080"))
+# Recovery (jobs.domain.recovery): the most restarts a job may ask for, and how long a job whose
+# attempt failed waits before it is admitted again.
+RINGMASTER_MAX_RESTARTS_CAP = int(os.environ.get("RINGMASTER_MAX_RESTARTS_CAP", "10"))
+RINGMASTER_RESTART_BACKOFF_SECONDS = float(os.environ.get("RINGMASTER_RESTART_BACKOFF_SECONDS", "30"))
 # Where the local runner puts job working directories.
 RINGMASTER_JOBS_DIR = Path(os.environ.get("RINGMASTER_JOBS_DIR", DATA_DIR / "jobs")).resolve()
 # Where the portal keeps artifacts it brings back from instances (a folder per job, named by the

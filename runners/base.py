@@ -41,9 +41,9 @@ class JobSpec:
     # Elastic jobs: `gpus` is the size now, between min_gpus and max_gpus (None: a fixed size).
     min_gpus: int | None = None
     max_gpus: int | None = None
-    # A rerun from a checkpoint: (the folder on the portal's machine holding the old job's
-    # artifacts, the checkpoint's name in it); the runner puts that file in the job's folder and
-    # names it in RINGMASTER_CHECKPOINT (runners.artifacts).
+    # A rerun from a checkpoint, or a restart: (the folder on the portal's machine holding the old
+    # job's artifacts, or the job's own, the checkpoint's name in it); the runner puts that file in
+    # the job's folder and names it in RINGMASTER_CHECKPOINT (runners.artifacts).
     checkpoint: tuple[str, str] | None = None
     # A project (runners.projects.pack's archive) laid out in the job's folder, whose entry point
     # `script_name` is; None: a script (script_content or script_path).
@@ -52,6 +52,9 @@ class JobSpec:
     # its memory in MiB, on each host; None: no limit.
     max_processes: int | None = None
     memory_mib: int | None = None
+    # Which run of the job this is (1, then one more per restart: jobs.domain.recovery). A runner
+    # that restarts jobs launches an attempt it has not launched yet anew, in the job's folder.
+    attempt: int = 1
     # Whether the image takes a project's extra packages (runners.packages); a runner that
     # installs them refuses a project that names some where it does not.
     extra_packages: bool = True

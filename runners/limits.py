@@ -72,6 +72,12 @@ _OUT_OF_MEMORY = re.compile(r"\bMemoryError\b|std::bad_alloc|Cannot allocate mem
 _NO_PROCESS = re.compile(r"Resource temporarily unavailable|can't start new thread|Cannot fork|fork: retry", re.I)
 
 
+def says_out_of_memory(text):
+    """Whether a failure's words say the job ran out of memory: a limit it hit, a pod the kernel
+    OOMKilled, a rank's MemoryError or CUDA out-of-memory error."""
+    return bool(_OUT_OF_MEMORY.search(text)) or "memory limit" in text or "OOMKilled" in text
+
+
 def printed_hit(texts, rlimits):
     """The words for a limit held by an rlimit (`rlimits`: Exited.rlimits) that the job's own
     lines `texts` show it ran into; "" if none."""

@@ -29,6 +29,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -68,6 +69,8 @@ ENV_FILE = ".ringmaster-env.json"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # In the control folder: the supervisor's install step (its plan), and how it goes (its status).
 INSTALL_PLAN, INSTALL_STATUS = "install-plan.json", "install-status.json"
+# In the control folder: the attempt of the job (JobSpec.attempt) that its pid and exit code are of.
+ATTEMPT_FILE = "attempt"
 
 
 class LocalRunner(Runner):
@@ -97,7 +100,11 @@ class LocalRunner(Runner):
     def output_dir(self, spec):
         """Where the job's ranks write their artifacts (RINGMASTER_OUTPUT_DIR): inside its folder,
         the one place its sandbox lets it write."""
-        return self.job_dir(spec) / artifacts.OUTPUT_DIR
+        return self.output_dir_named(spec.name)
+
+    def output_dir_named(self, name):
+        """The output folder of the job named `name` (JobSpec.name)."""
+        return self.jobs_dir / name / artifacts.OUTPUT_DIR
 
     def control_dir(self, spec):
         """What the portal keeps of a job and trusts (its output, launcher pid, exit code, launch
@@ -181,13 +188,20 @@ class LocalRunner(Runner):
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
-    def _prepare(self, spec, directory, files):
+    def _prepare(self, spec, directory, files, keep_output=False):
         """The job's folder as it starts: made anew (what a launch cut short left there is not
         trusted), with its script, the rank launcher's argv, the launcher's `files` and, for an
-        elastic job, the host discovery."""
-        artifacts.remove_tree(directory)
-        directory.mkdir(mode=0o700)
-        (directory / artifacts.OUTPUT_DIR).mkdir(mode=0o700)
+        elastic job, the host discovery. `keep_output`: a restart keeps what the job's earlier
+        attempts wrote in its output folder (its artifacts and checkpoints)."""
+        output = directory / artifacts.OUTPUT_DIR
+        if keep_output and _real_folder(directory) and _real_folder(output):
+            for entry in os.listdir(directory):
+                if entry != artifacts.OUTPUT_DIR:
+                    artifacts.remove_tree(directory / entry)
+        else:
+            artifacts.remove_tree(directory)
+            directory.mkdir(mode=0o700)
+            output.mkdir(mode=0o700)
         if spec.checkpoint is not None:
             (directory / artifacts.CHECKPOINT_DIR).mkdir(mode=0o700)
             try:
@@ -219,13 +233,17 @@ class LocalRunner(Runner):
         with self._launch_lock(control):
             pid_file = control / "pid"
             program = launchers.of(spec.launcher).PROGRAM
-            if pid_file.exists():
+            restart = pid_file.exists() and _attempt_of(control) < spec.attempt
+            if restart:
+                self._forget_attempt(spec, control)
+            elif pid_file.exists():
                 return Started(f"{program} already started (pid {pid_file.read_text().split()[0]})", True)
             image, env = spec, self._environment_of(spec)
             if env is not None:
                 spec = replace(spec, python=env[1].python)
             argv, files = self.command(spec)
-            self._prepare(spec, directory, files)
+            self._prepare(spec, directory, files, keep_output=spec.attempt > 1)
+            (control / ATTEMPT_FILE).write_text(f"{spec.attempt}\n")
             supervise = [sys.executable, "-I", str(SUPERVISOR), "--exit-code", str(control.resolve() / "exit_code")]
             with self._user(directory) as uid, open(control / "output.log", "ab") as output:
                 supervise += limits.supervisor_options(spec, uid is not None, control.resolve() / limits.HIT_FILE)
@@ -249,6 +267,15 @@ class LocalRunner(Runner):
             threading.Thread(target=process.wait, daemon=True).start()
             elastic = f", elastic: {spec.min_gpus} to {spec.max_gpus}" if spec.elastic else ""
             return Started(f"{program} started on this machine with {spec.gpus} processes{elastic} (pid {process.pid})")
+
+    def _forget_attempt(self, spec, control):
+        """Make way for the job's next attempt: no process of the one before is left (its sandbox
+        ends them with it; a job run without one may leave some), nor what the portal kept of it:
+        how it ended, and its output (stored by the job's follower before the attempt ended; the
+        next attempt's follower reads its own output from offset 0)."""
+        self._end_processes(spec)
+        for name in ("exit_code", "exit_code.tmp", limits.HIT_FILE, INSTALL_PLAN, INSTALL_STATUS, "output.log", "pid"):
+            (control / name).unlink(missing_ok=True)
 
     def _environment_of(self, spec):
         """(Requirements, packages.Environment) of a project with extra packages; None without."""
@@ -385,6 +412,11 @@ class LocalRunner(Runner):
             os.killpg(pgid, signal.SIGTERM)
         except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
             pass
+        self._end_processes(spec)
+
+    def _end_processes(self, spec):
+        """SIGTERM every process of the job, SIGKILL those left after the grace period; return
+        once none is left."""
         processes = self._processes(spec)
         self._signal_all(processes, signal.SIGTERM)
         _, alive = psutil.wait_procs(processes, timeout=self.kill_grace)
@@ -396,6 +428,22 @@ class LocalRunner(Runner):
             self._signal_all(alive, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=1)
         raise RuntimeError(f"job {spec.job_id}: processes survived SIGKILL: {[p.pid for p in alive]}")
+
+
+def _attempt_of(control):
+    """The attempt of the job that its control folder's files are of (1 where none is written)."""
+    try:
+        return int((control / ATTEMPT_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 1
+
+
+def _real_folder(path):
+    """Whether `path` is a folder itself, not a link to one (the job may have put either there)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 class InstallWatch:

@@ -149,6 +149,8 @@ def service_env(django_db_setup, django_db_blocker, tmp_path_factory, _fernet_ke
         "RINGMASTER_TELEMETRY_SECONDS": "0.5",
         # Elastic jobs: resized once their ranks are up (the test scripts start in a few seconds).
         "RINGMASTER_ELASTIC_SETTLE_SECONDS": str(ELASTIC_SETTLE_SECONDS),
+        # A restarted job waits this long (a backoff short enough for a test to wait it out).
+        "RINGMASTER_RESTART_BACKOFF_SECONDS": "1",
     })
     if not env.get("REDIS_URL"):
         pytest.skip("integration tests need Redis (REDIS_URL)")

@@ -96,16 +96,18 @@ def job_spec(job):
         max_processes=max_processes,
         memory_mib=memory_mib,
         extra_packages=job.image.extra_packages,
+        attempt=job.attempt,
     )
 
 
 def checkpoint_source(job):
-    """(folder on this machine, name) of the parent's artifact a rerun from checkpoint starts
-    from (JobSpec.checkpoint), or None."""
-    if not job.checkpoint or job.parent_id is None or job.parent.artifacts_deleted_at is not None:
+    """(folder on this machine, name) of the artifact a job starts from (JobSpec.checkpoint): its
+    parent's (a rerun from checkpoint) or its own (a restart: checkpoint_own), or None."""
+    source = job if job.checkpoint_own else job.parent
+    if not job.checkpoint or source is None or source.artifacts_deleted_at is not None:
         return None
     try:
-        folder = of(job.parent).artifacts_root(job.parent)
+        folder = of(source).artifacts_root(source)
     except UnknownBackend:
         return None
     return (str(folder), job.checkpoint) if folder is not None else None

@@ -60,6 +60,8 @@ class QueuedJob:
     size: int | None = None          # what an admitted job holds now
     priority: int = 0
     waits_for: str = ""              # the kind of its wait (jobs.backends.waits)
+    restart_after: object = None     # a restarted job's backoff: not admitted before (a datetime)
+    attempt: int = 1
 
     @property
     def gpus_in_use(self):
@@ -69,7 +71,7 @@ class QueuedJob:
 # The Job fields a QueuedJob is made of, in its order (values_list(*QUEUED_JOB_FIELDS)).
 QUEUED_JOB_FIELDS = ("id", "owner_id", "owner__username", "charged_group_id", "charged_group__name", "backend",
                      "gpus", "held", "held_by__username", "reason", "gpu_model", "max_gpus", "size",
-                     "priority", "waits_for")
+                     "priority", "waits_for", "restart_after", "attempt")
 
 
 class Admission:
@@ -183,6 +185,10 @@ class Backend:
     runs_projects = False
     # Whether its runner installs a project's extra packages (runners.packages) before the ranks.
     installs_packages = False
+    # Whether a job may have restarts (jobs.domain.recovery): its runner launches a new attempt
+    # (JobSpec.attempt) of a job it launched before anew, and its artifacts_root holds the job's
+    # checkpoints while it runs.
+    restarts_jobs = False
     # Seconds between two runs of periodic_check() by Celery beat (jobs.backends.check_schedule);
     # None: it has none. Beat schedules only the enabled backends.
     check_every = None

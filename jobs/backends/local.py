@@ -16,8 +16,10 @@ from django.db.models import Sum
 from jobs.backends.base import Admission, Backend, interpreter_problem
 from jobs.backends.placement import ByGpuModel, HostGpus, release_slots
 from jobs.backends.waits import Wait
+from jobs.installation import installation_id
 from jobs.models import SlotAllocation
 from runners import gpus, sandbox
+from runners.base import job_name
 from runners.local import LocalRunner
 
 _cache, _cache_lock = {}, threading.Lock()
@@ -140,6 +142,7 @@ class LocalBackend(Backend):
     elastic = True
     runs_projects = True
     installs_packages = True
+    restarts_jobs = True
 
     def capacity(self):
         return slots()[0]
@@ -176,8 +179,7 @@ class LocalBackend(Backend):
 
     def artifacts_root(self, job):
         """The job's own output folder: its ranks write there, the portal reads it in place."""
-        from jobs.backends import job_spec
-        return LocalRunner(settings.RINGMASTER_JOBS_DIR).output_dir(job_spec(job))
+        return LocalRunner(settings.RINGMASTER_JOBS_DIR).output_dir_named(job_name(installation_id(), job.pk))
 
     def runner(self, job):
         return LocalRunner(settings.RINGMASTER_JOBS_DIR, nvidia_smi=settings.RINGMASTER_NVIDIA_SMI,

@@ -11,6 +11,8 @@ A code of a backend's own goes in _CODES, with its kind and its words.
 """
 from functools import cached_property
 
+from django.utils import timezone
+
 
 class Wait:
     """Why a job waits: `code` (a key of _CODES) and `params`, plain values its words name."""
@@ -22,7 +24,7 @@ class Wait:
 
     @property
     def kind(self):
-        """What the job waits for: "scheduler", "held", "unavailable", "never", "quota", "capacity"."""
+        """What the job waits for: "scheduler", "held", "restart", "unavailable", "never", "quota", "capacity"."""
         return _CODES[self.code][0]
 
     @cached_property
@@ -87,6 +89,8 @@ def _quota_use(scope, limit, use, most, needs=0, days=0):
 _CODES = {
     "scheduler": ("scheduler", lambda: "waiting for the scheduler"),
     "held": ("held", lambda by: f"held by {by or 'an admin'}"),
+    "restart": ("restart", lambda attempt, at:
+                f"restarting: attempt {attempt} waits until {timezone.localtime(at):%H:%M:%S %Z} (the backoff)"),
     "unavailable": ("unavailable", lambda error: f"can never start: {error}"),
     "never_quota": ("never", lambda **limit: f"can never start: {_quota_limit(**limit)}"),
     # broken: [the params of _quota_use], one per scope whose limit the job would break

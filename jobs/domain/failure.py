@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from jobs.domain import accounting
 from jobs.domain.logstore import last_lines
-from jobs.models import LogLine
+from jobs.models import JobAttempt, LogLine
 from runners.limits import printed_hit
 from runners.output import TRACEBACK, exception_line, exception_name, is_secondary, signal_exit, world_size_mismatch
 
@@ -20,10 +20,13 @@ OTHERS_SHOWN = 3
 
 
 def rank_errors(job):
-    """[(rank, exception line)] of the ranks that printed a Python traceback, in the order their
-    tracebacks began."""
+    """[(rank, exception line)] of the ranks that printed a Python traceback in the job's current
+    attempt, in the order their tracebacks began."""
     starts = {}
-    for rank, seq in (LogLine.objects.filter(job=job, rank__isnull=False, text=TRACEBACK)
+    # The current attempt's lines only: an earlier attempt's traceback is its own failure.
+    first = (JobAttempt.objects.filter(job=job, number=job.attempt).values_list("first_seq", flat=True).first()
+             or 0)
+    for rank, seq in (LogLine.objects.filter(job=job, rank__isnull=False, text=TRACEBACK, seq__gte=first)
                       .order_by("seq").values_list("rank", "seq")):
         starts.setdefault(rank, seq)
     errors = []

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from jobs import backends, taskqueue
 from jobs.backends import job_spec
-from jobs.domain import dbpool, elastic, failure, heartbeat, live, logbatch, states, tbmetrics, telemetry
+from jobs.domain import dbpool, elastic, failure, heartbeat, live, logbatch, recovery, states, tbmetrics, telemetry
 from jobs.domain.followhub import hub
 from jobs.domain.logstore import append_output
 from jobs.models import ACTIVE_STATES, Job, State
@@ -226,7 +226,7 @@ def _follow_events(job_id, me, runner, spec, job, splitter):
     try:
         return (yield from _store_events(job_id, me, runner, spec, job, splitter))
     finally:
-        heartbeat.forget(job_id)
+        heartbeat.forget(job_id, me)
 
 
 def _store_events(job_id, me, runner, spec, job, splitter):
@@ -432,7 +432,8 @@ def _look_at_reading(job_id, spec, reading, now, settled, next_host_check):
 
 
 def finish(job_id, exited, stop_reason=None):
-    """Record how the job ended. Idempotent: only an active job is moved. The scalars its event
+    """Record how the job ended, or how its attempt did where its recovery policy restarts it
+    (jobs.domain.recovery). Idempotent: only an active job is moved. The scalars its event
     files gained since beat's last look are stored (and pushed) first, while its viewers still
     listen: a page stops listening when the job ends."""
     job = Job.objects.get(pk=job_id)
@@ -449,7 +450,7 @@ def finish(job_id, exited, stop_reason=None):
     elif exited.code == 0:
         states.transition(job_id, State.SUCCEEDED, expect=ACTIVE_STATES, exit_code=0, message=exited.detail)
     else:
-        states.transition(job_id, State.FAILED, expect=ACTIVE_STATES, **failure.describe(job, exited))
+        recovery.restart_or_fail(job, exited, failure.describe(job, exited))
     _after_end()
 
 

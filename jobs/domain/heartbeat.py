@@ -51,8 +51,12 @@ class Heartbeat:
                 self._thread = threading.Thread(target=self._run, name="follow-heartbeat", daemon=True)
                 self._thread.start()
 
-    def forget(self, job_id):
+    def forget(self, job_id, me=None):
+        """Stop keeping the claim fresh; `me`: only if it is that follower's (a restarted job's next
+        follower may follow it in this process already)."""
         with self._lock:
+            if me is not None and self._followed.get(job_id) != me:
+                return
             self._followed.pop(job_id, None)
             self._readings.pop(job_id, None)
 
@@ -99,8 +103,8 @@ def follow(job_id, me):
     _heartbeat.follow(job_id, me)
 
 
-def forget(job_id):
-    _heartbeat.forget(job_id)
+def forget(job_id, me=None):
+    _heartbeat.forget(job_id, me)
 
 
 def reading(job_id):

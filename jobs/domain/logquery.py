@@ -35,17 +35,30 @@ def filtered_lines(job, rank=ALL_RANKS, text="", hide_metrics=False):
     return lines
 
 
-def log_page(job, *, since=-1, before=None, limit=1000, rank=ALL_RANKS, text="", hide_metrics=False):
+def log_page(job, *, since=-1, before=None, limit=1000, rank=ALL_RANKS, text="", hide_metrics=False, seqs=None):
     """Lines with since < seq (< before), in seq order.
 
     Without `before`, the first `limit` lines after `since` (reading forwards, following a log).
     With `before`, the last `limit` lines before it (reading backwards: the tail of the log, or the
-    page above the oldest line a viewer holds).
+    page above the oldest line a viewer holds). `seqs`: only lines of this range (one attempt's:
+    attempt_seqs).
     """
     lines = filtered_lines(job, rank, text, hide_metrics).filter(seq__gt=since)
+    if seqs is not None:
+        lines = lines.filter(seq__gte=seqs.start) if seqs.stop is None else lines.filter(seq__gte=seqs.start,
+                                                                                          seq__lt=seqs.stop)
     if before is None:
         return list(lines.order_by("seq")[:limit])
     return list(lines.filter(seq__lt=before).order_by("-seq")[:limit])[::-1]
+
+
+def attempt_seqs(job, number):
+    """The seqs of attempt `number`'s lines (a slice: stop None while it is the last), or None
+    where the job has no such attempt."""
+    firsts = dict(job.attempts.values_list("number", "first_seq"))
+    if number not in firsts:
+        return None
+    return slice(firsts[number], firsts.get(number + 1))
 
 
 def with_context(job, hits, context, *, text="", rank=ALL_RANKS, hide_metrics=False):

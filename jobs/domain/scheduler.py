@@ -35,7 +35,8 @@ def admit():
 
     Order: higher `priority` first, then earlier submission. Each job, in that order:
 
-    1. held by an admin: stays queued ("held by <admin>"), holds nothing back;
+    1. held by an admin: stays queued ("held by <admin>"), holds nothing back; so does a
+       restarted job until its backoff is over (jobs.domain.recovery);
     2. can never fit its limits (e.g. more GPUs than its per-job limit, after a quota was
        lowered): stays queued and says so, holds nothing back;
     3. shares a quota scope (its user, its group, per backend) with an earlier job that is
@@ -75,10 +76,15 @@ def admit():
         queue = (Job.objects.filter(state=State.QUEUED, cancel_requested=False)
                  .order_by("-priority", "created_at", "id")
                  .values_list(*QUEUED_JOB_FIELDS))
+        now = timezone.now()
         for row in queue:
             job = QueuedJob(*row)
             if job.held:
                 wait = Wait("held", by=job.held_by)
+            elif job.restart_after is not None and job.restart_after > now:
+                # Its backoff: it holds nothing back meanwhile (taskqueue.wake_scheduler_after wakes the
+                # scheduler when it is over).
+                wait = Wait("restart", attempt=job.attempt, at=job.restart_after)
             else:
                 constraints = book.constraints(job.owner_id, job.owner, job.group_id, job.group, job.backend)
                 admission = _admission(passes, job.backend, book)

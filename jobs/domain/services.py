@@ -79,6 +79,9 @@ def resubmit_data(job, user=None):
         data["max_gpus"] = job.max_gpus      # a rerun of an elastic job is elastic too
     if job.checkpoint_pattern:
         data["checkpoint_pattern"] = job.checkpoint_pattern
+    if job.max_restarts:
+        data.update(max_restarts=job.max_restarts, restart_on_exit_codes=list(job.restart_on_exit_codes),
+                    restart_on=list(job.restart_on))
     if job.charged_group_id:
         data["group"] = job.charged_group.name
     try:

@@ -4,6 +4,11 @@
     QUEUED | LAUNCHING -> CANCELLED,  QUEUED | LAUNCHING -> FAILED (launch trouble)
     RUNNING -> LAUNCHING: the cluster's queue (Kueue) preempted or evicted the running job; it
         waits there, launched, and runs again (LAUNCHING -> RUNNING) once re-admitted
+    LAUNCHING | RUNNING -> QUEUED: its attempt failed with a cause its recovery policy restarts
+        (restart(), never transition()); the scheduler admits its next attempt
+
+Each admission starts an attempt (JobAttempt): made at QUEUED -> LAUNCHING, started at RUNNING,
+ended (exit code, reason, GPU-seconds) when the job ends or restarts.
 
 transition() locks the job row, checks the move, saves the job and records a JobEvent in the
 same transaction, and tells live viewers once the transaction commits.
@@ -15,14 +20,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import backends
+from jobs.backends.waits import Wait
 from jobs.domain import accounting
 from jobs.domain.live import publish_state, publish_states
-from jobs.models import Job, JobEvent, State
+from jobs.models import Job, JobAttempt, JobEvent, State
 
 ALLOWED = {
     State.QUEUED: {State.LAUNCHING, State.CANCELLED, State.FAILED},
-    State.LAUNCHING: {State.RUNNING, State.CANCELLED, State.FAILED, State.SUCCEEDED},
-    State.RUNNING: {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LAUNCHING},
+    State.LAUNCHING: {State.RUNNING, State.CANCELLED, State.FAILED, State.SUCCEEDED, State.QUEUED},
+    State.RUNNING: {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LAUNCHING, State.QUEUED},
     State.SUCCEEDED: set(),
     State.FAILED: set(),
     State.CANCELLED: set(),
@@ -58,10 +64,11 @@ def transition(job_id, target, *, message="", expect=None, **fields):
         job = Job.objects.select_for_update().get(pk=job_id)
         if expect is not None and job.state not in expect:
             return None
-        if not can_transition(job.state, target):
+        if not can_transition(job.state, target) or target == State.QUEUED:   # QUEUED: restart()
             raise IllegalTransition(job, target)
         now = timezone.now()
         requeued = job.state == State.RUNNING and target == State.LAUNCHING
+        admitted = job.state == State.QUEUED and target == State.LAUNCHING
         job.state = target
         for name, value in fields.items():
             setattr(job, name, value)
@@ -75,17 +82,62 @@ def transition(job_id, target, *, message="", expect=None, **fields):
             _release(job)
             if job.started_at and "gpu_seconds" not in fields:
                 job.gpu_seconds = accounting.job_gpu_seconds(job, now)
-        if target != State.QUEUED:
-            job.waits_for = ""
-            if "reason" not in fields:
-                job.reason = ""
+        job.waits_for = ""
+        if "reason" not in fields:
+            job.reason = ""
         job.save()
+        if admitted:
+            JobAttempt.objects.get_or_create(job=job, number=job.attempt, defaults={"first_seq": job.next_seq})
+        elif target == State.RUNNING:
+            JobAttempt.objects.filter(job=job, number=job.attempt, started__isnull=True).update(started=now)
+        elif job.is_terminal:
+            _end_attempt(job, now, job.gpu_seconds, job.exit_code, job.reason or message)
         # The size it runs at from here: where GPU-seconds of an elastic job start counting, and
         # stop while a requeued job waits (0: it holds no GPUs of the cluster).
         size = job.size if target == State.RUNNING else (0 if requeued else None)
         JobEvent.objects.create(job=job, state=target, message=message or fields.get("reason", ""), gpus=size)
         transaction.on_commit(lambda: _announce(job))
     return job
+
+
+def restart(job_id, *, reason, exit_code=None, message, restart_after=None, checkpoint=None):
+    """End the active job's current attempt (it failed with `exit_code` and `reason`) and queue
+    its next one: what it holds is freed, its output is followed afresh from the next attempt's
+    (the log's seq carries on), and the scheduler admits it once `restart_after` has passed.
+    `checkpoint`: its own newest checkpoint, the next attempt's RINGMASTER_CHECKPOINT (None:
+    it starts as the first did). Returns the job, or None where it was not active any more."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state not in (State.LAUNCHING, State.RUNNING):
+            return None
+        now = timezone.now()
+        _end_attempt(job, now, accounting.job_gpu_seconds(job, now), exit_code, reason)
+        _release(job)
+        job.state = State.QUEUED
+        job.attempt += 1
+        job.restart_after = restart_after
+        job.size = None                         # admitted again at its minimum
+        if checkpoint is not None:
+            job.checkpoint, job.checkpoint_own = checkpoint, True
+        # What a follow of the ended attempt found: the next one's follow starts from nothing.
+        job.exit_code = job.failed_rank = None
+        job.output_offset, job.output_state, job.follow_cursor = 0, {}, {}
+        job.follower, job.follower_heartbeat = "", None
+        wait = Wait("restart", attempt=job.attempt, at=restart_after) if restart_after else Wait("scheduler")
+        job.reason, job.waits_for = wait.words, wait.kind
+        job.save()
+        # GPUs 0: it holds none while it waits (accounting counts nothing until it runs again).
+        JobEvent.objects.create(job=job, state=State.QUEUED, message=message, gpus=0)
+        transaction.on_commit(lambda: _announce(job))
+    return job
+
+
+def _end_attempt(job, now, job_gpu_seconds, exit_code, reason):
+    """Record the end of the job's current attempt: its GPU-seconds are what the job used beyond
+    its earlier attempts'."""
+    earlier = sum(JobAttempt.objects.filter(job=job, number__lt=job.attempt).values_list("gpu_seconds", flat=True))
+    JobAttempt.objects.filter(job=job, number=job.attempt, ended__isnull=True).update(
+        ended=now, exit_code=exit_code, reason=(reason or "")[:500], gpu_seconds=max(0.0, job_gpu_seconds - earlier))
 
 
 def resize(job_id, size, message):

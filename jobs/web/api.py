@@ -164,6 +164,8 @@ class JobLogs(APIView):
                          description=f"At most this many lines (default 1000, max {MAX_LOG_LIMIT}); "
                                      f"with `context`, this many hits (max {MAX_CONTEXT_HITS})."),
         OpenApiParameter("hide_metrics", bool, description="Leave out the `RINGMASTER_METRIC {...}` lines."),
+        OpenApiParameter("attempt", integer_schema((1, 2 ** 31 - 1)),
+                         description="Only the lines of this attempt (a number of the job's `attempts`)."),
         OpenApiParameter("context", integer_schema(CONTEXTS),
                          description=f"With `q`: also up to this many lines (max {MAX_CONTEXT}) "
                                      "before and after each hit, of the same rank filter, as "
@@ -181,6 +183,12 @@ class JobLogs(APIView):
         query = params_.text(params, "q", errors)
         context = params_.integer(params, "context", errors, default=0, bounds=CONTEXTS)
         hide_metrics = params_.boolean(params, "hide_metrics", errors)
+        attempt, seqs = params_.integer(params, "attempt", errors, bounds=(1, 2 ** 31 - 1)), None
+        if attempt is not None and "attempt" not in errors:
+            seqs = logquery.attempt_seqs(job, attempt)
+            if seqs is None:
+                errors["attempt"] = [f"Job {job.pk} has no attempt {attempt} (its attempts: "
+                                     f"{', '.join(map(str, job.attempts.values_list('number', flat=True))) or 'none yet'})."]
         rank = logquery.ALL_RANKS
         try:
             rank = logquery.parse_rank(params.get("rank"))
@@ -191,7 +199,7 @@ class JobLogs(APIView):
         context = context if query else 0
         limit = min(limit, MAX_CONTEXT_HITS) if context else limit
         page = logquery.log_page(job, since=since, before=before, limit=limit, rank=rank, text=query,
-                                 hide_metrics=hide_metrics)
+                                 hide_metrics=hide_metrics, seqs=seqs)
         shown = page
         if context:
             shown = logquery.with_context(job, page, context, text=query, rank=rank, hide_metrics=hide_metrics)

@@ -16,7 +16,7 @@ from jobs import backends
 from jobs.domain import projects, quotas, sourcecheck
 from jobs.domain.services import visible_scripts
 from jobs.web.params import plain_digits, text_problem
-from jobs.models import GitCredential, Image
+from jobs.models import RESTART_CAUSES, GitCredential, Image
 from runners import launchers
 
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -213,6 +213,50 @@ class NoteField(forms.CharField):
         return value
 
 
+RECOVERY_FIELDS = {"max_restarts", "restart_on_exit_codes", "restart_on"}
+
+
+class ExitCodesField(forms.Field):
+    """Exit codes (the API's shape: a list of integers, 1 to 255)."""
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return []
+        if not isinstance(value, (list, tuple)):
+            raise forms.ValidationError("Must be a list of exit codes, e.g. [137].")
+        for code in value:
+            if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 255:
+                raise forms.ValidationError(f"{code!r} is not an exit code that fails a job (1 to 255).")
+        return sorted(set(value))
+
+
+class ExitCodesTextField(ExitCodesField):
+    """The page's: exit codes separated by commas or spaces."""
+
+    def to_python(self, value):
+        if isinstance(value, str):
+            words = value.replace(",", " ").split()
+            if not all(plain_digits(word) and len(word) <= 3 for word in words):
+                raise forms.ValidationError("Give exit codes as numbers separated by commas, e.g. 137, 139.")
+            value = [int(word) for word in words]
+        return super().to_python(value)
+
+
+class RestartCausesField(forms.Field):
+    """Causes besides an exit code that earn a restart (the API's shape: a list of names)."""
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return []
+        if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+            raise forms.ValidationError("Must be a list of causes, e.g. [\"oom\"].")
+        unknown = [item for item in value if item not in RESTART_CAUSES]
+        if unknown:
+            raise forms.ValidationError(f"No restart cause {unknown[0]!r}; the causes are "
+                                        f"{', '.join(RESTART_CAUSES)}.")
+        return [cause for cause in RESTART_CAUSES if cause in value]
+
+
 class ImageField(forms.Field):
     """An enabled image of the catalog, given by name or by id."""
 
@@ -314,6 +358,16 @@ class JobForm(forms.Form):
         help_text="A glob naming the job's checkpoints among the files it writes under "
                   "RINGMASTER_OUTPUT_DIR, e.g. *.pt; a rerun from checkpoint gets the newest in "
                   "RINGMASTER_CHECKPOINT.")
+
+    max_restarts = forms.IntegerField(
+        required=False, min_value=0, max_value=2 ** 31 - 1, label="Restarts",
+        help_text="How many times the job starts again after an attempt fails with one of the causes below, "
+                  "from its newest checkpoint (the checkpoint pattern) in RINGMASTER_CHECKPOINT. 0: none; "
+                  "empty, with no cause below: the image's default.")
+    restart_on_exit_codes = ExitCodesField(required=False, label="Restart on exit codes")
+    restart_on = RestartCausesField(required=False, label="Restart on",
+                                    help_text="signal: a rank killed by a signal; oom: out of memory; "
+                                              "lost_host: a host of the job lost; preempted: the job preempted.")
 
     # The fields that give the job's Python, in the order their source is looked at for warnings.
     SOURCE_FIELDS = ("entry_point", "script_file", "uploaded_script", "script")
@@ -467,6 +521,7 @@ class JobForm(forms.Form):
             elif most == gpus:
                 data["max_gpus"] = None                   # one size: not elastic
         self._clean_backend_fields(backend, data)
+        self._clean_recovery(backend, data)
         if backend is not None:
             backend.clean(self, data)
             if data.get("project") and not backend.runs_projects and "project" not in self.errors:
@@ -594,7 +649,40 @@ class JobForm(forms.Form):
             "tags": data.get("tags") or [],
             "note": data.get("note") or "",
             "checkpoint_pattern": data.get("checkpoint_pattern") or "",
+            "max_restarts": data.get("max_restarts") or 0,
+            "restart_on_exit_codes": data.get("restart_on_exit_codes") or [],
+            "restart_on": data.get("restart_on") or [],
         }
+
+    def clean_max_restarts(self):
+        restarts = self.cleaned_data["max_restarts"] or 0
+        cap = settings.RINGMASTER_MAX_RESTARTS_CAP
+        if restarts > cap:
+            raise forms.ValidationError(f"At most {cap} restarts per job on this portal (RINGMASTER_MAX_RESTARTS_CAP).")
+        return restarts
+
+    def _clean_recovery(self, backend, data):
+        """Restarts only on a backend that restarts jobs (Backend.restarts_jobs), and only with a
+        cause to restart on. A job that asks for no restarts and names no cause, on such a
+        backend, gets its image's policy (Image.default_max_restarts)."""
+        image = data.get("image")
+        given = self.data.get(self.add_prefix("max_restarts")) not in (None, "") or data.get("restart_on_exit_codes") \
+            or data.get("restart_on")
+        if not given and image is not None and image.default_max_restarts and backend is not None \
+                and backend.restarts_jobs and not RECOVERY_FIELDS & set(self.errors):
+            data.update(max_restarts=image.default_max_restarts,
+                        restart_on_exit_codes=list(image.default_restart_on_exit_codes),
+                        restart_on=list(image.default_restart_on))
+        if not data.get("max_restarts") or "max_restarts" in self.errors:
+            return
+        if backend is not None and not backend.restarts_jobs:
+            able = [b.label for b in backends.enabled() if b.restarts_jobs]
+            self.add_error("max_restarts", f"{backend.label} cannot restart jobs yet"
+                                           f"{'; ' + ', '.join(able) + ' can' if able else ''}.")
+        elif not data.get("restart_on_exit_codes") and not data.get("restart_on") \
+                and not {"restart_on_exit_codes", "restart_on"} & set(self.errors):
+            self.add_error("max_restarts", "Name what earns a restart: exit codes (restart_on_exit_codes) "
+                                           "or causes (restart_on).")
 
     def clean_checkpoint_pattern(self):
         pattern = (self.cleaned_data.get("checkpoint_pattern") or "").strip()

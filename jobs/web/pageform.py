@@ -12,8 +12,9 @@ from jobs.domain.services import visible_jobs, visible_scripts
 from jobs.models import Image, Script
 from jobs.web import formhints
 from jobs.web.formhints import DescribedSelect, script_description
-from jobs.web.forms import (ArgsTextField, EnvTextField, ImageField, JobForm, NoteField, ProjectUploadForm,
-                            ScriptUploadForm, TagsTextField)
+from jobs.models import RESTART_CAUSES
+from jobs.web.forms import (ArgsTextField, EnvTextField, ExitCodesTextField, ImageField, JobForm, NoteField,
+                            ProjectUploadForm, ScriptUploadForm, TagsTextField)
 from runners import launchers
 
 GONE = "The script uploaded earlier is gone; upload it again."
@@ -50,6 +51,11 @@ class JobPageForm(JobForm):
     launcher = forms.ChoiceField(required=False, choices=[("", "the image's")] + launchers.choices())
     tags = TagsTextField(required=False, help_text="Separated by commas; the job list filters by them.")
     note = NoteField(help_text="Why you run this job (shown on its page).")
+    restart_on_exit_codes = ExitCodesTextField(required=False, widget=forms.TextInput, label="Restart on exit codes",
+                                               help_text="Separated by commas, e.g. 137, 139.")
+    restart_on = forms.MultipleChoiceField(
+        required=False, choices=[(cause, cause) for cause in RESTART_CAUSES], widget=forms.CheckboxSelectMultiple,
+        label="Restart on", help_text=JobForm.base_fields["restart_on"].help_text)
 
     # The offered backends' own fields (Backend.page_fields) come right after "backend".
     field_order = ["name", "image", "launcher", "gpus", "max_gpus", "script", "script_file", "script_path", "project_file",
@@ -154,7 +160,8 @@ class JobPageForm(JobForm):
         settings (services.resubmit_data)."""
         initial = {**data, "args": shlex.join(data.get("args") or []), "parent": job.pk, "priority": job.priority,
                    "env": "\n".join(f"{name}={value}" for name, value in (data.get("env") or {}).items()),
-                   "tags": ", ".join(data.get("tags") or [])}
+                   "tags": ", ".join(data.get("tags") or []),
+                   "restart_on_exit_codes": ", ".join(map(str, data.get("restart_on_exit_codes") or []))}
         return initial
 
     def clean_image(self):

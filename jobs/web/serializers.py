@@ -5,8 +5,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import backends
-from jobs.models import Image, Job, JobEvent, LogLine, Project, Script
+from jobs.models import RESTART_CAUSES, Image, Job, JobAttempt, JobEvent, LogLine, Project, Script
 from jobs.web import forms
+from jobs.domain import recovery
 from jobs.domain.logwire import rank_label
 from jobs.domain.scheduler import queue_position
 from runners import launchers
@@ -115,6 +116,7 @@ class JobSerializer(serializers.ModelSerializer):
     tags = serializers.ListField(child=serializers.CharField(), read_only=True,
                                  help_text="Labels to find the job by (GET /api/jobs/?tag=).")
     project = serializers.SerializerMethodField()
+    restarts_left = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -124,7 +126,7 @@ class JobSerializer(serializers.ModelSerializer):
             "project", "args", "env", "backend", "gpu_model", "time_limit_minutes", "group", "priority", "held", "state", "reason", "exit_code",
             "failed_rank", "queue_position", "cancel_requested", "created_at", "started_at", "finished_at",
             "gpu_seconds", "tags", "note", "checkpoint_pattern", "checkpoint", "artifacts_bytes", "artifacts_note",
-            "url",
+            "max_restarts", "restart_on_exit_codes", "restart_on", "attempt", "restarts_left", "url",
         ]
 
     @extend_schema_field(JobProjectSerializer(allow_null=True))
@@ -146,6 +148,10 @@ class JobSerializer(serializers.ModelSerializer):
         if hasattr(job, "queue_pos"):          # a list annotated by scheduler.with_queue_position
             return job.queue_pos
         return queue_position(job)
+
+    def get_restarts_left(self, job) -> int:
+        """How many more times the job may be restarted (its recovery policy's budget left)."""
+        return recovery.restarts_left(job)
 
     def get_size(self, job) -> int | None:
         """GPUs the job holds now (an elastic job's changes), or the last it held; None before admission."""
@@ -187,13 +193,22 @@ def note_field():
                                  help_text=NOTE_HELP)
 
 
+class JobAttemptSerializer(serializers.ModelSerializer):
+    """One run of the job (the first, then one per restart); `ended` null while it runs."""
+
+    class Meta:
+        model = JobAttempt
+        fields = ["number", "started", "ended", "exit_code", "reason", "gpu_seconds", "first_seq"]
+
+
 class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
+    attempts = JobAttemptSerializer(many=True, read_only=True)
     parent = serializers.IntegerField(source="parent_id", allow_null=True, read_only=True,
                                       help_text="The job this one was rerun from (null: none).")
 
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["parent", "events"]
+        fields = JobSerializer.Meta.fields + ["parent", "events", "attempts"]
 
 
 class LogLineSerializer(serializers.ModelSerializer):
@@ -249,6 +264,15 @@ class JobCreateRequest(serializers.Serializer):
     checkpoint_pattern = serializers.CharField(
         required=False, help_text="A glob (e.g. *.pt) naming checkpoints among the job's artifacts; "
                                   "POST /api/jobs/<id>/rerun-from-checkpoint/ starts from the newest.")
+    max_restarts = serializers.IntegerField(
+        required=False, min_value=0, help_text="How many times the job is restarted after an attempt fails with a "
+                                               "cause below (default 0; at most the site's RINGMASTER_MAX_RESTARTS_CAP). "
+                                               "A restart resumes from the newest checkpoint (checkpoint_pattern).")
+    restart_on_exit_codes = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=255),
+                                                  required=False, help_text="Exit codes that earn a restart, e.g. [137].")
+    restart_on = serializers.ListField(child=serializers.ChoiceField(choices=RESTART_CAUSES), required=False,
+                                       help_text="Other causes that earn a restart: a rank killed by a signal, "
+                                                 "out of memory, a lost host, preemption.")
 
     def get_fields(self):
         """With the enabled backends' own fields (Backend.api_fields, e.g. kubernetes' cluster)."""

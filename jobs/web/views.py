@@ -8,7 +8,7 @@ from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs.domain import artifacts, logquery, projects, scheduler, services, tbmetrics
+from jobs.domain import artifacts, logquery, projects, recovery, scheduler, services, tbmetrics
 from jobs.domain.services import visible_jobs
 from jobs import backends
 from jobs.web.forms import JobForm, JobNotesPageForm
@@ -75,6 +75,8 @@ def _job_page(request, job, notes_form, status=200):
         "artifacts_note": artifacts.note(job),
         "fetches_artifacts": artifacts.fetches(job) and not job.is_terminal,
         "checkpoint": artifacts.newest_checkpoint(job),
+        "attempts": job.attempts.all(),
+        "restarts_left": recovery.restarts_left(job),
     }, status=status)
 
 

@@ -524,3 +524,14 @@ def test_submit_of_a_folder_uploads_it_then_the_job_names_the_project_and_its_en
         cli.cmd_submit(refused, args)
     assert error.value.code == 2 and "/api/jobs/" not in refused.sent
     assert str(error.value) == "the portal refused the packed folder: The archive holds more than 5,000 files."
+
+
+def test_submit_sends_a_recovery_policy(capsys):
+    portal = ProjectPortal()
+    args = cli.parse_args(["submit", "--image", "i", "--gpus", "1", "--script-path", "/opt/train.py",
+                           "--checkpoint-pattern", "*.pt", "--max-restarts", "3", "--restart-on-exit-code", "137",
+                           "--restart-on-exit-code", "139", "--restart-on", "oom", "-q"])
+    assert cli.cmd_submit(portal, args) == 0
+    assert portal.sent["/api/jobs/"] == {"image": "i", "gpus": 1, "args": [], "script_path": "/opt/train.py",
+                                         "checkpoint_pattern": "*.pt", "max_restarts": 3,
+                                         "restart_on_exit_codes": [137, 139], "restart_on": ["oom"]}
