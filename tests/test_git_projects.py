@@ -5,6 +5,7 @@ import base64
 import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -37,7 +38,7 @@ def served(tmp_path_factory):
     base, port = tmp_path_factory.mktemp("git-served"), free_port()
     daemon = subprocess.Popen(["git", "daemon", "--export-all", f"--base-path={base}", "--listen=127.0.0.1",
                                f"--port={port}", "--reuseaddr", str(base)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def listening():
         with socket.socket() as sock:
@@ -47,7 +48,8 @@ def served(tmp_path_factory):
         wait_for(listening, timeout=10, message="git daemon")
         yield base, port
     finally:
-        daemon.kill()
+        # `git daemon` runs git-daemon as a child of its own: the whole group goes.
+        os.killpg(daemon.pid, signal.SIGKILL)
         daemon.wait()
 
 
